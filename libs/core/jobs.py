@@ -1,0 +1,38 @@
+"""Jobs as submitted: the static facts a trace or a user gives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A training job as submitted.
+
+    ``iterations`` is the ground truth: how many iterations of the global batch the job
+    really runs. A scheduler never reads it; it sees a prediction instead.
+    """
+
+    job_id: str
+    submit_time: float
+    model: str
+    gpus: int
+    batch_size: int
+    iterations: int
+    allow_sharing: bool = True
+    deadline: float | None = None
+    user: str = ""
+    cpus_per_gpu: float | None = None
+    mem_gb_per_gpu: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.job_id or "." in self.job_id or any(c.isspace() for c in self.job_id):
+            raise ValueError(f"job_id {self.job_id!r} must be non-empty, without dots or spaces")
+        if self.gpus < 1:
+            raise ValueError(f"job {self.job_id}: gpus must be >= 1, got {self.gpus}")
+        if self.batch_size < 1:
+            raise ValueError(f"job {self.job_id}: batch_size must be >= 1, got {self.batch_size}")
+        if self.iterations < 1:
+            raise ValueError(f"job {self.job_id}: iterations must be >= 1, got {self.iterations}")
+        if self.submit_time < 0:
+            raise ValueError(f"job {self.job_id}: submit_time must be >= 0")

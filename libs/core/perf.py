@@ -1,0 +1,75 @@
+"""The performance-model interface.
+
+Two implementations of one protocol, never confused: the ground truth (what really
+happens; drives the simulator and emulated GPUs) and the estimates a scheduler
+believes (learned or profiled, possibly wrong). Policies only ever see estimates.
+
+Contract every implementation keeps (the simulator's invariants rely on it):
+- ``iteration_time`` > 0; it never decreases when a job spans more nodes for the same
+  GPU count, and ``accum_steps`` > 1 never makes an iteration of the global batch
+  faster than ``accum_steps`` == 1;
+- ``colocation_slowdown`` >= 1;
+- ``gpu_memory_mb`` > 0 and never decreases as the per-GPU batch grows.
+Implementations cache: these calls sit on the simulator's hot path.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+
+class UnknownModelError(KeyError):
+    """A model name the performance model has no profile for."""
+
+    def __init__(self, model: str, known: tuple[str, ...]) -> None:
+        super().__init__(model)
+        self.model = model
+        self.known = known
+
+    def __str__(self) -> str:
+        return f"unknown model {self.model!r}; known models: {', '.join(sorted(self.known))}"
+
+
+@runtime_checkable
+class PerformanceModel(Protocol):
+    def models(self) -> tuple[str, ...]:
+        """Every model name this performance model knows."""
+        ...
+
+    def default_batch_size(self, model: str) -> int:
+        """The global batch size a job of this model uses when its trace gives none."""
+        ...
+
+    def iteration_time(
+        self, model: str, batch_size: int, gpus: int, nodes: int, accum_steps: int = 1
+    ) -> float:
+        """Seconds per iteration of the global ``batch_size``, running alone on its GPUs.
+
+        ``nodes`` is how many servers the ``gpus`` span; ``accum_steps`` splits the
+        per-GPU batch into that many sub-batches (gradient accumulation).
+        """
+        ...
+
+    def colocation_slowdown(
+        self,
+        model: str,
+        batch_size: int,
+        gpus: int,
+        accum_steps: int,
+        partner: str,
+        partner_batch_size: int,
+        partner_gpus: int,
+        partner_accum_steps: int,
+    ) -> float:
+        """Co-located iteration time / exclusive iteration time for ``model`` (>= 1)."""
+        ...
+
+    def gpu_memory_mb(self, model: str, per_gpu_batch: float) -> float:
+        """GPU memory one worker of ``model`` holds with this per-GPU (sub-)batch."""
+        ...
+
+    def cpu_mem_speedup(
+        self, model: str, gpus: int, cpus_per_gpu: float, mem_gb_per_gpu: float
+    ) -> float:
+        """Throughput relative to the GPU-proportional CPU and memory share (1.0 there)."""
+        ...

@@ -1,0 +1,124 @@
+"""The frozen view of a cluster that a policy decides on.
+
+A snapshot is everything a policy may read: the cluster, the jobs with what the
+scheduler *believes* about them (estimates, never the ground truth, except the
+``oracle_remaining_s`` a simulator may fill for oracle baselines), and per-GPU load.
+
+Views of running jobs are linear in time: a view taken at ``as_of`` stays valid until
+the job's speed changes, so a driver can reuse one view across many decisions and a
+policy asks ``remaining_s(now)`` for the value at decision time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from libs.core.cluster import Cluster
+from libs.core.perf import PerformanceModel
+
+
+class JobState(str, Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    job_id: str
+    submit_time: float
+    model: str
+    gpus: int
+    batch_size: int
+    #: predicted exclusive run time still to go, at a consolidated placement, as of ``as_of``
+    est_remaining_s: float
+    #: GPU-seconds of service received, as of ``as_of``
+    attained_gpu_s: float = 0.0
+    as_of: float = 0.0
+    allow_sharing: bool = True
+    deadline: float | None = None
+    #: true remaining exclusive run time; filled only by simulators, for oracle baselines
+    oracle_remaining_s: float | None = None
+    state: JobState = JobState.PENDING
+    #: running only: GPUs held and the accumulation steps in use
+    gpu_ids: tuple[int, ...] = ()
+    accum_steps: int = 1
+    #: running only: exclusive seconds of work done per wall second (1/slowdown; 0 while
+    #: restoring a checkpoint)
+    progress_rate: float = 0.0
+    #: pending only: when the job last entered the queue (submission or preemption)
+    queued_since: float = 0.0
+    preemptions: int = 0
+
+    @property
+    def running(self) -> bool:
+        return self.state is JobState.RUNNING
+
+    def remaining_s(self, now: float) -> float:
+        return max(0.0, self.est_remaining_s - (now - self.as_of) * self.progress_rate)
+
+    def oracle_remaining_at(self, now: float) -> float:
+        base = self.oracle_remaining_s if self.oracle_remaining_s is not None else self.est_remaining_s
+        return max(0.0, base - (now - self.as_of) * self.progress_rate)
+
+    def attained_at(self, now: float) -> float:
+        if not self.running:
+            return self.attained_gpu_s
+        return self.attained_gpu_s + (now - self.as_of) * self.gpus
+
+    @property
+    def per_gpu_batch(self) -> float:
+        return self.batch_size / self.gpus
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now: float
+    cluster: Cluster
+    #: queued jobs in submission order
+    pending: tuple[JobView, ...]
+    running: tuple[JobView, ...]
+    #: number of jobs resident on every global GPU index
+    gpu_load: tuple[int, ...]
+    #: GPU memory held on every global GPU index, MiB
+    gpu_mem_used: tuple[float, ...]
+    #: GPUs with no resident job, per node
+    node_free: tuple[int, ...]
+    estimates: PerformanceModel
+    #: most jobs one GPU may hold
+    max_jobs_per_gpu: int = 2
+    _by_id: dict[str, JobView] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def free_gpus(self) -> int:
+        return sum(self.node_free)
+
+    def job(self, job_id: str) -> JobView:
+        if not self._by_id:
+            self._by_id.update((j.job_id, j) for j in self.running)
+            self._by_id.update((j.job_id, j) for j in self.pending)
+        return self._by_id[job_id]
+
+    def residents(self) -> dict[int, list[JobView]]:
+        """Jobs on every occupied GPU index."""
+        out: dict[int, list[JobView]] = {}
+        for job in self.running:
+            for g in job.gpu_ids:
+                out.setdefault(g, []).append(job)
+        return out
+
+    @classmethod
+    def of_idle_cluster(
+        cls, cluster: Cluster, estimates: PerformanceModel, pending: tuple[JobView, ...] = (),
+        now: float = 0.0,
+    ) -> Snapshot:
+        return cls(
+            now=now,
+            cluster=cluster,
+            pending=pending,
+            running=(),
+            gpu_load=(0,) * cluster.total_gpus,
+            gpu_mem_used=(0.0,) * cluster.total_gpus,
+            node_free=tuple(n.gpus for n in cluster.nodes),
+            estimates=estimates,
+        )

@@ -1,0 +1,93 @@
+"""What one simulated run produced: per-job outcomes, a timeline, and the summary."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+FINISHED = "finished"
+UNSCHEDULABLE = "unschedulable"
+UNFINISHED = "unfinished"
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    job_id: str
+    model: str
+    gpus: int
+    submit_time: float
+    #: first time the job started, None if it never did
+    start_time: float | None
+    finish_time: float | None
+    #: true run time alone on a consolidated placement (the JCT lower bound)
+    exclusive_s: float
+    #: total time spent waiting in the queue (before the first start and after preemptions)
+    queue_s: float
+    preemptions: int
+    #: did the job ever share a GPU with another job
+    shared: bool
+    state: str
+    #: why it did not finish, for unschedulable/unfinished jobs
+    reason: str = ""
+
+    @property
+    def jct_s(self) -> float | None:
+        if self.finish_time is None:
+            return None
+        return self.finish_time - self.submit_time
+
+
+@dataclass(frozen=True, slots=True)
+class TimelinePoint:
+    time: float
+    busy_gpus: int
+    queued_jobs: int
+    running_jobs: int
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending list (q in 0..100)."""
+    if not sorted_values:
+        return math.nan
+    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+@dataclass(frozen=True)
+class SimResult:
+    policy: str
+    total_gpus: int
+    jobs: tuple[JobOutcome, ...]
+    #: time the last job finished, measured from the first submission
+    makespan_s: float
+    #: busy GPU-seconds / (total GPUs x makespan)
+    gpu_util: float
+    preemptions: int
+    shared_pairs: int
+    wall_s: float
+    decisions: int
+    timeline: tuple[TimelinePoint, ...]
+
+    def finished(self) -> list[JobOutcome]:
+        return [j for j in self.jobs if j.state == FINISHED]
+
+    def summary(self) -> dict[str, Any]:
+        done = self.finished()
+        jcts = sorted(j.jct_s for j in done if j.jct_s is not None)
+        queues = [j.queue_s for j in done]
+        return {
+            "jobs": len(self.jobs),
+            "finished": len(done),
+            "unschedulable": sum(1 for j in self.jobs if j.state == UNSCHEDULABLE),
+            "avg_jct_s": sum(jcts) / len(jcts) if jcts else math.nan,
+            "p50_jct_s": percentile(jcts, 50),
+            "p99_jct_s": percentile(jcts, 99),
+            "avg_queue_s": sum(queues) / len(queues) if queues else math.nan,
+            "makespan_s": self.makespan_s,
+            "gpu_util": self.gpu_util,
+            "preemptions": self.preemptions,
+            "shared_pairs": self.shared_pairs,
+            "wall_s": self.wall_s,
+            "decisions": self.decisions,
+        }
