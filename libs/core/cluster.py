@@ -67,6 +67,14 @@ class Cluster:
         return tuple(node.gpu_mem_mb for node in self.nodes for _ in range(node.gpus))
 
     @cached_property
+    def max_gpu_mem_mb(self) -> int:
+        return max(n.gpu_mem_mb for n in self.nodes)
+
+    @cached_property
+    def min_gpu_mem_mb(self) -> int:
+        return min(n.gpu_mem_mb for n in self.nodes if n.gpus) if self.total_gpus else 0
+
+    @cached_property
     def max_gpus_per_node(self) -> int:
         return max(n.gpus for n in self.nodes)
 

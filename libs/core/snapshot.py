@@ -58,8 +58,12 @@ class JobView:
         return max(0.0, self.est_remaining_s - (now - self.as_of) * self.progress_rate)
 
     def oracle_remaining_at(self, now: float) -> float:
-        base = self.oracle_remaining_s if self.oracle_remaining_s is not None else self.est_remaining_s
-        return max(0.0, base - (now - self.as_of) * self.progress_rate)
+        """True remaining time where a simulator knows it, else the estimate."""
+        if self.oracle_remaining_s is None or self.est_remaining_s <= 0:
+            return self.remaining_s(now)
+        # both count the same remaining iterations, so they shrink in proportion
+        done = (now - self.as_of) * self.progress_rate / self.est_remaining_s
+        return max(0.0, self.oracle_remaining_s * (1 - done))
 
     def attained_at(self, now: float) -> float:
         if not self.running:

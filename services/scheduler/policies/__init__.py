@@ -1,0 +1,34 @@
+"""Scheduling policies: each a pure ``decide(snapshot) -> Decision``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from services.scheduler.policies.base import Policy
+from services.scheduler.policies.preemptive import Srtf, Tiresias
+from services.scheduler.policies.simple import Fifo, Sjf
+from services.scheduler.policies.sjf_bsbf import SjfBsbf
+
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "fifo": Fifo,
+    "sjf": Sjf,
+    "srtf": Srtf,
+    "tiresias": Tiresias,
+    "sjf-ffs": lambda: SjfBsbf(benefit_test=False, name="sjf-ffs"),
+    "sjf-bsbf": SjfBsbf,
+}
+
+
+class UnknownPolicyError(ValueError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown policy {name!r}; valid policies: {', '.join(POLICIES)}")
+
+
+def make_policy(name: str) -> Policy:
+    factory = POLICIES.get(name.strip().lower())
+    if factory is None:
+        raise UnknownPolicyError(name)
+    return factory()
+
+
+__all__ = ["POLICIES", "Policy", "UnknownPolicyError", "make_policy"]

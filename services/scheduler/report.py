@@ -1,0 +1,222 @@
+"""Turning simulation results into what an operator reads: JSON, CSV, plots and a table.
+
+One `SimResult` per policy, all from the same trace and cluster. Everything here only
+reads results; nothing re-runs a simulation.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from matplotlib.axes import Axes
+
+# A bare Figure renders with the Agg canvas on savefig: no pyplot, so no global backend
+# switch, no figure registry to leak into, and it works on headless machines.
+from matplotlib.figure import Figure
+from rich.table import Table
+
+from services.scheduler.results import JobOutcome, SimResult, TimelinePoint
+
+SUMMARY_FILE = "summary.json"
+JOBS_FILE = "jobs.csv"
+JCT_CDF_FILE = "jct_cdf.png"
+GPU_UTIL_FILE = "gpu_util.png"
+QUEUE_FILE = "queue_length.png"
+OUTPUT_FILES = (SUMMARY_FILE, JOBS_FILE, JCT_CDF_FILE, GPU_UTIL_FILE, QUEUE_FILE)
+
+JOB_COLUMNS = (
+    "policy", "job_id", "model", "gpus", "submit_time", "start_time", "finish_time",
+    "jct_s", "queue_s", "exclusive_s", "preemptions", "shared", "state", "reason",
+)
+
+_MINUTE, _HOUR, _DAY = 60.0, 3_600.0, 86_400.0
+
+
+# ------------------------------------------------------------------------------ JSON
+
+
+def summary_json(results: Sequence[SimResult]) -> dict[str, Any]:
+    """``{"policies": {name: summary}}`` with NaN (no finished job) as None (JSON null)."""
+    return {"policies": {r.policy: _json_safe(r.summary()) for r in results}}
+
+
+def _json_safe(summary: dict[str, Any]) -> dict[str, Any]:
+    # json.dumps would write NaN, which is not JSON; strict parsers reject it
+    return {
+        k: None if isinstance(v, float) and not math.isfinite(v) else v
+        for k, v in summary.items()
+    }
+
+
+# ------------------------------------------------------------------------------ files
+
+
+def write_outputs(results: Sequence[SimResult], out_dir: str | Path) -> list[Path]:
+    """Write the summary, per-job CSV and plots into ``out_dir``; return the paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = out / SUMMARY_FILE
+    summary.write_text(json.dumps(summary_json(results), indent=2, allow_nan=False) + "\n")
+    write_jobs_csv(results, out / JOBS_FILE)
+    plot_jct_cdf(results, out / JCT_CDF_FILE)
+    plot_gpu_util(results, out / GPU_UTIL_FILE)
+    plot_queue_length(results, out / QUEUE_FILE)
+    return [out / name for name in OUTPUT_FILES]
+
+
+def write_jobs_csv(results: Sequence[SimResult], path: Path) -> None:
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(JOB_COLUMNS)
+        for result in results:
+            writer.writerows(_job_row(result.policy, job) for job in result.jobs)
+
+
+def _job_row(policy: str, job: JobOutcome) -> tuple[object, ...]:
+    return (
+        policy, job.job_id, job.model, job.gpus, job.submit_time,
+        _cell(job.start_time), _cell(job.finish_time), _cell(job.jct_s),
+        job.queue_s, job.exclusive_s, job.preemptions, "true" if job.shared else "false",
+        job.state, job.reason,
+    )
+
+
+def _cell(value: float | None) -> object:
+    return "" if value is None else value
+
+
+# ------------------------------------------------------------------------------ plots
+
+
+def plot_jct_cdf(results: Sequence[SimResult], path: Path) -> None:
+    fig, ax = _figure()
+    for result in results:
+        jcts = sorted(j.jct_s for j in result.finished() if j.jct_s is not None and j.jct_s > 0)
+        if jcts:
+            fractions = [(i + 1) / len(jcts) for i in range(len(jcts))]
+            ax.step(jcts, fractions, where="post", label=result.policy)
+    if ax.lines:
+        ax.set_xscale("log")  # JCTs span seconds to weeks; a linear axis hides the short ones
+        ax.legend()
+    ax.set_xlabel("job completion time (s)")
+    ax.set_ylabel("fraction of finished jobs")
+    ax.set_ylim(0, 1.0)
+    ax.set_title("JCT CDF")
+    _save(fig, path)
+
+
+def plot_gpu_util(results: Sequence[SimResult], path: Path) -> None:
+    _plot_timeline(
+        results, path,
+        value=lambda r, p: p.busy_gpus / r.total_gpus if r.total_gpus else 0.0,
+        ylabel="busy GPUs (fraction)", title="GPU utilisation",
+    )
+
+
+def plot_queue_length(results: Sequence[SimResult], path: Path) -> None:
+    _plot_timeline(
+        results, path, value=lambda r, p: float(p.queued_jobs),
+        ylabel="queued jobs", title="Queue length",
+    )
+
+
+def _plot_timeline(
+    results: Sequence[SimResult],
+    path: Path,
+    value: Callable[[SimResult, TimelinePoint], float],
+    ylabel: str,
+    title: str,
+) -> None:
+    span = max((r.timeline[-1].time for r in results if r.timeline), default=0.0)
+    scale, unit = _time_unit(span)
+    fig, ax = _figure()
+    for result in results:
+        if result.timeline:
+            times = [p.time / scale for p in result.timeline]
+            ax.step(times, [value(result, p) for p in result.timeline],
+                    where="post", label=result.policy)
+    if ax.lines:
+        ax.legend()
+    ax.set_xlabel(f"time ({unit})")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    _save(fig, path)
+
+
+def _time_unit(span_s: float) -> tuple[float, str]:
+    """Divisor and label that keep the time axis in readable numbers."""
+    if span_s >= 3 * _DAY:
+        return _DAY, "days"
+    if span_s >= 3 * _HOUR:
+        return _HOUR, "hours"
+    if span_s >= 3 * _MINUTE:
+        return _MINUTE, "minutes"
+    return 1.0, "seconds"
+
+
+def _figure() -> tuple[Figure, Axes]:
+    fig = Figure(figsize=(8, 5), layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def _save(fig: Figure, path: Path) -> None:
+    fig.savefig(path, format="png", dpi=100)
+
+
+# ------------------------------------------------------------------------------ table
+
+
+def summary_table(results: Sequence[SimResult]) -> Table:
+    """One row per policy; the best average JCT is bold."""
+    table = Table(title="Simulation results", title_justify="left")
+    table.add_column("policy", style="cyan", no_wrap=True)
+    for name in ("jobs", "avg JCT", "median JCT", "p99 JCT", "avg queue", "makespan",
+                 "GPU util", "preemptions", "shared pairs", "wall"):
+        table.add_column(name, justify="right")
+    summaries = [r.summary() for r in results]
+    best = min((s["avg_jct_s"] for s in summaries if math.isfinite(s["avg_jct_s"])),
+               default=math.nan)
+    for result, s in zip(results, summaries, strict=True):
+        avg = human_duration(s["avg_jct_s"])
+        table.add_row(
+            result.policy,
+            _jobs_cell(s),
+            f"[bold]{avg}[/]" if s["avg_jct_s"] == best else avg,
+            human_duration(s["p50_jct_s"]),
+            human_duration(s["p99_jct_s"]),
+            human_duration(s["avg_queue_s"]),
+            human_duration(s["makespan_s"]),
+            f"{100 * s['gpu_util']:.1f} %",
+            str(s["preemptions"]),
+            str(s["shared_pairs"]),
+            human_duration(s["wall_s"]),
+        )
+    return table
+
+
+def _jobs_cell(summary: dict[str, Any]) -> str:
+    # JCT figures cover finished jobs only, so say when that is not all of them
+    total, done = summary["jobs"], summary["finished"]
+    return str(total) if done == total else f"{done}/{total} done"
+
+
+def human_duration(seconds: float) -> str:
+    """``35 s``, ``12.5 min``, ``1.2 h``, ``2.3 d``; ``-`` when there is no value."""
+    if not math.isfinite(seconds):
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < _MINUTE:
+        return f"{seconds:.0f} s"
+    if seconds < _HOUR:
+        return f"{seconds / _MINUTE:.1f} min"
+    if seconds < _DAY:
+        return f"{seconds / _HOUR:.1f} h"
+    return f"{seconds / _DAY:.1f} d"

@@ -1,0 +1,463 @@
+"""Discrete-event simulator: replays jobs through a policy on a virtual cluster.
+
+The simulator is the second driver of the same ``decide(snapshot)`` the live scheduler
+runs. Ground truth (``truth``) decides how fast jobs really go; the policy sees only
+``estimates``. The event loop is a heap of (time, sequence, kind, job, version); a
+job's completion event is invalidated by bumping its version whenever its speed
+changes, so events are never searched for or removed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from libs.core.cluster import Cluster
+from libs.core.decision import Decision, Start
+from libs.core.jobs import JobSpec
+from libs.core.perf import PerformanceModel
+from libs.core.snapshot import JobState, JobView, Snapshot
+from services.scheduler.policies.base import Policy, unschedulable_reason
+from services.scheduler.results import (
+    FINISHED,
+    UNFINISHED,
+    UNSCHEDULABLE,
+    JobOutcome,
+    SimResult,
+    TimelinePoint,
+)
+
+ARRIVAL, FINISH, WAKE = 0, 1, 2
+#: completion is declared when this few iterations remain, absorbing float rounding
+ITER_EPSILON = 1e-6
+
+
+class PolicyViolation(RuntimeError):
+    """A decision broke a cluster invariant; the run stops rather than hide it."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    #: seconds a preempted job spends restoring its checkpoint when it restarts
+    restart_overhead_s: float = 30.0
+    max_jobs_per_gpu: int = 2
+    #: most points kept in the result's timeline
+    timeline_points: int = 2_000
+
+    def __post_init__(self) -> None:
+        if self.restart_overhead_s < 0:
+            raise ValueError("restart_overhead_s must be >= 0")
+        if self.max_jobs_per_gpu < 1:
+            raise ValueError("max_jobs_per_gpu must be >= 1")
+
+
+class SimJob:
+    __slots__ = (
+        "accum", "attained", "est_iter", "exclusive_iter", "first_start", "finish_time",
+        "gpu_ids", "iter_time", "last_settle", "mem_mb", "overhead_left", "preemptions",
+        "queue_total", "queued_since", "remaining", "shared", "spec", "state", "version",
+        "view",
+    )
+
+    def __init__(self, spec: JobSpec, est_iter: float, exclusive_iter: float) -> None:
+        self.spec = spec
+        self.est_iter = est_iter  # estimated seconds/iteration, consolidated, alone
+        self.exclusive_iter = exclusive_iter  # true seconds/iteration, consolidated, alone
+        self.remaining = float(spec.iterations)
+        self.state = "waiting"
+        self.gpu_ids: tuple[int, ...] = ()
+        self.accum = 1
+        self.mem_mb = 0.0
+        self.iter_time = math.inf
+        self.overhead_left = 0.0
+        self.last_settle = 0.0
+        self.attained = 0.0
+        self.queued_since = spec.submit_time
+        self.queue_total = 0.0
+        self.first_start: float | None = None
+        self.finish_time: float | None = None
+        self.preemptions = 0
+        self.shared = False
+        self.version = 0
+        self.view: JobView | None = None
+
+
+class Simulator:
+    def __init__(
+        self,
+        cluster: Cluster,
+        jobs: Sequence[JobSpec],
+        policy: Policy,
+        truth: PerformanceModel,
+        estimates: PerformanceModel | None = None,
+        config: SimConfig | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.policy = policy
+        self.truth = truth
+        self.estimates = estimates or truth
+        self.config = config or SimConfig()
+        self.progress = progress
+        self.specs = sorted(jobs, key=lambda j: (j.submit_time, j.job_id))
+        if len({j.job_id for j in self.specs}) != len(self.specs):
+            raise ValueError("job ids must be unique")
+        self._specs_by_id = {s.job_id: s for s in self.specs}
+        self.jobs: dict[str, SimJob] = {}
+        self.pending: dict[str, JobView] = {}
+        self.running: dict[str, JobView] = {}
+        self.unschedulable: dict[str, str] = {}
+        g = cluster.total_gpus
+        self.gpu_residents: list[list[SimJob]] = [[] for _ in range(g)]
+        self.gpu_load = [0] * g
+        self.gpu_mem_used = [0.0] * g
+        self.node_free = [n.gpus for n in cluster.nodes]
+        self.busy_gpus = 0
+        self.busy_gpu_s = 0.0
+        self.clock = 0.0
+        self.events: list[tuple[float, int, int, str, int]] = []
+        self.seq = 0
+        self.wake_version = 0
+        self.decisions = 0
+        self.preemptions = 0
+        self.shared_pairs = 0
+        self.done = 0
+        self.last_decision: Decision | None = None
+        self.timeline: list[TimelinePoint] = []
+        self._idle = Snapshot.of_idle_cluster(cluster, self.estimates)
+
+    # ---- event plumbing -------------------------------------------------------------
+    def _push(self, at: float, kind: int, job_id: str = "", version: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (at, self.seq, kind, job_id, version))
+
+    def run(self) -> SimResult:
+        started = time.perf_counter()
+        for spec in self.specs:
+            self._push(spec.submit_time, ARRIVAL, spec.job_id)
+        origin = self.specs[0].submit_time if self.specs else 0.0
+        self.clock = origin
+        total = len(self.specs)
+        events = self.events
+        while events:
+            now = events[0][0]
+            self._advance(now)
+            changed = False
+            while events and events[0][0] == now:
+                _, _, kind, job_id, version = heapq.heappop(events)
+                if kind == ARRIVAL:
+                    changed |= self._arrive(job_id)
+                elif kind == FINISH:
+                    changed |= self._finish(job_id, version)
+                else:
+                    changed |= version == self.wake_version
+            if changed and self.pending:
+                self._decide(now)
+            self._record(now)
+            if self.progress is not None and (self.done & 1023) == 0:
+                self.progress(self.done, total)
+        if self.progress is not None:
+            self.progress(self.done, total)
+        return self._result(origin, time.perf_counter() - started)
+
+    def _advance(self, now: float) -> None:
+        self.busy_gpu_s += self.busy_gpus * (now - self.clock)
+        self.clock = now
+
+    def _record(self, now: float) -> None:
+        point = TimelinePoint(now, self.busy_gpus, len(self.pending), len(self.running))
+        if self.timeline and self.timeline[-1].time == now:
+            self.timeline[-1] = point
+        else:
+            self.timeline.append(point)
+
+    # ---- job lifecycle --------------------------------------------------------------
+    def _arrive(self, job_id: str) -> bool:
+        spec = self._specs_by_id[job_id]
+        nodes = -(-spec.gpus // self.cluster.max_gpus_per_node)
+        est_iter = self.estimates.iteration_time(spec.model, spec.batch_size, spec.gpus, nodes)
+        true_iter = self.truth.iteration_time(spec.model, spec.batch_size, spec.gpus, nodes)
+        job = SimJob(spec, est_iter, true_iter)
+        self.jobs[job_id] = job
+        view = self._pending_view(job)
+        bad = unschedulable_reason(view, self._idle)
+        if bad:
+            job.state = UNSCHEDULABLE
+            self.unschedulable[job_id] = bad
+            self.done += 1
+            return False
+        job.state = "pending"
+        self.pending[job_id] = view
+        return True
+
+    def _pending_view(self, job: SimJob) -> JobView:
+        spec = job.spec
+        return JobView(
+            job_id=spec.job_id,
+            submit_time=spec.submit_time,
+            model=spec.model,
+            gpus=spec.gpus,
+            batch_size=spec.batch_size,
+            est_remaining_s=job.remaining * job.est_iter,
+            attained_gpu_s=job.attained,
+            as_of=self.clock,
+            allow_sharing=spec.allow_sharing,
+            deadline=spec.deadline,
+            oracle_remaining_s=job.remaining * job.exclusive_iter,
+            queued_since=job.queued_since,
+            preemptions=job.preemptions,
+        )
+
+    def _running_view(self, job: SimJob) -> JobView:
+        spec = job.spec
+        return JobView(
+            job_id=spec.job_id,
+            submit_time=spec.submit_time,
+            model=spec.model,
+            gpus=spec.gpus,
+            batch_size=spec.batch_size,
+            est_remaining_s=job.remaining * job.est_iter,
+            attained_gpu_s=job.attained,
+            as_of=self.clock,
+            allow_sharing=spec.allow_sharing,
+            deadline=spec.deadline,
+            oracle_remaining_s=job.remaining * job.exclusive_iter,
+            state=JobState.RUNNING,
+            gpu_ids=job.gpu_ids,
+            accum_steps=job.accum,
+            progress_rate=job.est_iter / job.iter_time,
+            queued_since=job.queued_since,
+            preemptions=job.preemptions,
+        )
+
+    def _settle(self, job: SimJob) -> None:
+        """Bring a running job's progress up to the clock."""
+        elapsed = self.clock - job.last_settle
+        if elapsed <= 0:
+            return
+        job.attained += elapsed * job.spec.gpus
+        if job.overhead_left > 0:
+            spent = min(elapsed, job.overhead_left)
+            job.overhead_left -= spent
+            elapsed -= spent
+        job.remaining = max(0.0, job.remaining - elapsed / job.iter_time)
+        job.last_settle = self.clock
+
+    def _retime(self, job: SimJob) -> None:
+        """Recompute a running job's true speed and its completion event."""
+        spec = job.spec
+        truth = self.truth
+        nodes = self.cluster.nodes_spanned(job.gpu_ids)
+        alone = truth.iteration_time(spec.model, spec.batch_size, spec.gpus, nodes, job.accum)
+        slowdown = 1.0
+        for gpu in job.gpu_ids:
+            for other in self.gpu_residents[gpu]:
+                if other is not job:
+                    o = other.spec
+                    slowdown = max(slowdown, truth.colocation_slowdown(
+                        spec.model, spec.batch_size, spec.gpus, job.accum,
+                        o.model, o.batch_size, o.gpus, other.accum))
+        job.iter_time = alone * slowdown
+        job.version += 1
+        job.view = self._running_view(job)
+        self.running[spec.job_id] = job.view
+        finish = self.clock + job.overhead_left + job.remaining * job.iter_time
+        self._push(finish, FINISH, spec.job_id, job.version)
+
+    def _partners(self, job: SimJob) -> list[SimJob]:
+        seen: list[SimJob] = []
+        for gpu in job.gpu_ids:
+            for other in self.gpu_residents[gpu]:
+                if other is not job and other not in seen:
+                    seen.append(other)
+        return seen
+
+    def _finish(self, job_id: str, version: int) -> bool:
+        job = self.jobs[job_id]
+        if job.state != "running" or job.version != version:
+            return False
+        self._settle(job)
+        if job.remaining > ITER_EPSILON * max(1.0, job.spec.iterations):
+            self._retime(job)  # rounding left a sliver: finish it
+            return False
+        job.remaining = 0.0
+        partners = self._release(job)
+        job.state = FINISHED
+        job.finish_time = self.clock
+        self.done += 1
+        for other in partners:
+            self._settle(other)
+            self._retime(other)
+        return True
+
+    def _release(self, job: SimJob) -> list[SimJob]:
+        partners = self._partners(job)
+        node_of = self.cluster.gpu_node
+        for gpu in job.gpu_ids:
+            self.gpu_residents[gpu].remove(job)
+            self.gpu_load[gpu] -= 1
+            self.gpu_mem_used[gpu] -= job.mem_mb
+            if self.gpu_load[gpu] == 0:
+                self.gpu_mem_used[gpu] = 0.0
+                self.node_free[node_of[gpu]] += 1
+                self.busy_gpus -= 1
+        del self.running[job.spec.job_id]
+        job.gpu_ids = ()
+        job.view = None
+        job.version += 1
+        return partners
+
+    # ---- decisions ------------------------------------------------------------------
+    def _snapshot(self, now: float) -> Snapshot:
+        return Snapshot(
+            now=now,
+            cluster=self.cluster,
+            pending=tuple(self.pending.values()),
+            running=tuple(self.running.values()),
+            gpu_load=tuple(self.gpu_load),
+            gpu_mem_used=tuple(self.gpu_mem_used),
+            node_free=tuple(self.node_free),
+            estimates=self.estimates,
+            max_jobs_per_gpu=self.config.max_jobs_per_gpu,
+        )
+
+    def _decide(self, now: float) -> None:
+        decision = self.policy.decide(self._snapshot(now))
+        self.decisions += 1
+        self.last_decision = decision
+        for preempt in decision.preemptions:
+            self._preempt(preempt.job_id)
+        for start in decision.starts:
+            self._start(start)
+        if decision.wake_at is not None and decision.wake_at > now:
+            self.wake_version += 1
+            self._push(decision.wake_at, WAKE, "", self.wake_version)
+
+    def _preempt(self, job_id: str) -> None:
+        job = self.jobs.get(job_id)
+        if job is None or job.state != "running":
+            raise PolicyViolation(f"{self.policy.name} preempted {job_id}, which is not running")
+        self._settle(job)
+        partners = self._release(job)
+        job.state = "pending"
+        job.preemptions += 1
+        self.preemptions += 1
+        job.overhead_left = self.config.restart_overhead_s
+        job.queued_since = self.clock
+        self.pending[job_id] = self._pending_view(job)
+        for other in partners:
+            self._settle(other)
+            self._retime(other)
+
+    def _start(self, start: Start) -> None:
+        job = self.jobs.get(start.job_id)
+        name = self.policy.name
+        if job is None or job.state != "pending":
+            raise PolicyViolation(f"{name} started {start.job_id}, which is not pending")
+        spec = job.spec
+        if len(set(start.gpu_ids)) != spec.gpus or len(start.gpu_ids) != spec.gpus:
+            raise PolicyViolation(
+                f"{name} gave {spec.job_id} GPUs {start.gpu_ids}; it needs {spec.gpus} distinct"
+            )
+        if start.accum_steps < 1 or spec.batch_size // spec.gpus // start.accum_steps < 1:
+            raise PolicyViolation(f"{name} gave {spec.job_id} accum_steps {start.accum_steps}")
+        mem = self.truth.gpu_memory_mb(spec.model, spec.batch_size / (spec.gpus * start.accum_steps))
+        gpu_mem = self.cluster.gpu_mem_mb
+        for gpu in start.gpu_ids:
+            if not 0 <= gpu < len(self.gpu_load):
+                raise PolicyViolation(f"{name} placed {spec.job_id} on unknown GPU {gpu}")
+            residents = self.gpu_residents[gpu]
+            if len(residents) >= self.config.max_jobs_per_gpu:
+                raise PolicyViolation(f"{name} placed {spec.job_id} on full GPU {gpu}")
+            if residents and not (spec.allow_sharing and all(r.spec.allow_sharing for r in residents)):
+                raise PolicyViolation(f"{name} shared GPU {gpu} with a job that forbids it")
+            if self.gpu_mem_used[gpu] + mem > gpu_mem[gpu] + 1e-6:
+                raise PolicyViolation(
+                    f"{name} overcommitted GPU {gpu}: {self.gpu_mem_used[gpu] + mem:.0f} MiB "
+                    f"> {gpu_mem[gpu]} MiB"
+                )
+        del self.pending[spec.job_id]
+        job.state = "running"
+        job.gpu_ids = start.gpu_ids
+        job.accum = start.accum_steps
+        job.mem_mb = mem
+        job.last_settle = self.clock
+        job.queue_total += self.clock - job.queued_since
+        if job.first_start is None:
+            job.first_start = self.clock
+        node_of = self.cluster.gpu_node
+        partners: list[SimJob] = []
+        for gpu in start.gpu_ids:
+            residents = self.gpu_residents[gpu]
+            for other in residents:
+                if other not in partners:
+                    partners.append(other)
+            if not residents:
+                self.node_free[node_of[gpu]] -= 1
+                self.busy_gpus += 1
+            residents.append(job)
+            self.gpu_load[gpu] += 1
+            self.gpu_mem_used[gpu] += mem
+        if partners:
+            job.shared = True
+            self.shared_pairs += len(partners)
+        for other in partners:
+            other.shared = True
+            self._settle(other)
+            self._retime(other)
+        self._retime(job)
+
+    # ---- results --------------------------------------------------------------------
+    def _result(self, origin: float, wall_s: float) -> SimResult:
+        outcomes: list[JobOutcome] = []
+        last_finish = origin
+        for spec in self.specs:
+            job = self.jobs[spec.job_id]
+            exclusive = spec.iterations * job.exclusive_iter
+            if job.state == FINISHED:
+                assert job.finish_time is not None
+                last_finish = max(last_finish, job.finish_time)
+                state, reason = FINISHED, ""
+            elif job.state == UNSCHEDULABLE:
+                state, reason = UNSCHEDULABLE, self.unschedulable[spec.job_id]
+            else:
+                state = UNFINISHED
+                reason = self.last_decision.why(spec.job_id) if self.last_decision else ""
+            outcomes.append(JobOutcome(
+                job_id=spec.job_id, model=spec.model, gpus=spec.gpus,
+                submit_time=spec.submit_time, start_time=job.first_start,
+                finish_time=job.finish_time, exclusive_s=exclusive,
+                queue_s=job.queue_total, preemptions=job.preemptions, shared=job.shared,
+                state=state, reason=reason,
+            ))
+        makespan = last_finish - origin
+        total = self.cluster.total_gpus
+        util = self.busy_gpu_s / (total * makespan) if makespan > 0 else 0.0
+        return SimResult(
+            policy=self.policy.name, total_gpus=total, jobs=tuple(outcomes),
+            makespan_s=makespan, gpu_util=util, preemptions=self.preemptions,
+            shared_pairs=self.shared_pairs, wall_s=wall_s, decisions=self.decisions,
+            timeline=thin(self.timeline, self.config.timeline_points),
+        )
+
+
+def thin(points: list[TimelinePoint], most: int) -> tuple[TimelinePoint, ...]:
+    if len(points) <= most:
+        return tuple(points)
+    step = len(points) / most
+    return tuple(points[int(i * step)] for i in range(most)) + (points[-1],)
+
+
+def simulate(
+    cluster: Cluster,
+    jobs: Sequence[JobSpec],
+    policy: Policy,
+    truth: PerformanceModel,
+    estimates: PerformanceModel | None = None,
+    config: SimConfig | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> SimResult:
+    return Simulator(cluster, jobs, policy, truth, estimates, config, progress).run()
