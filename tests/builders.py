@@ -37,22 +37,35 @@ class TablePerf:
         self._check(model)
         return 32
 
-    def iteration_time(self, model: str, batch_size: int, gpus: int, nodes: int,
-                       accum_steps: int = 1) -> float:
+    def iteration_time(
+        self, model: str, batch_size: int, gpus: int, nodes: int, accum_steps: int = 1
+    ) -> float:
         self._check(model)
-        return (self.iter_s[model] * self.spread_penalty ** (nodes - 1)
-                * accum_steps ** self.accum_exponent)
+        return (
+            self.iter_s[model]
+            * self.spread_penalty ** (nodes - 1)
+            * accum_steps**self.accum_exponent
+        )
 
-    def colocation_slowdown(self, model: str, batch_size: int, gpus: int, accum_steps: int,
-                            partner: str, partner_batch_size: int, partner_gpus: int,
-                            partner_accum_steps: int) -> float:
+    def colocation_slowdown(
+        self,
+        model: str,
+        batch_size: int,
+        gpus: int,
+        accum_steps: int,
+        partner: str,
+        partner_batch_size: int,
+        partner_gpus: int,
+        partner_accum_steps: int,
+    ) -> float:
         return self.slowdown.get((model, partner), self.default_slowdown)
 
     def gpu_memory_mb(self, model: str, per_gpu_batch: float) -> float:
         return self.mem_mb.get(model, 1000.0) * (per_gpu_batch / self.ref_batch) ** 0.5
 
-    def cpu_mem_speedup(self, model: str, gpus: int, cpus_per_gpu: float,
-                        mem_gb_per_gpu: float) -> float:
+    def cpu_mem_speedup(
+        self, model: str, gpus: int, cpus_per_gpu: float, mem_gb_per_gpu: float
+    ) -> float:
         return 1.0
 
 
@@ -60,33 +73,87 @@ def cluster(nodes: int = 1, gpus: int = 4, gpu_mem_mb: int = 10_000) -> Cluster:
     return Cluster(tuple(Node(f"n{i}", gpus, gpu_mem_mb) for i in range(nodes)))
 
 
-def job(job_id: str, submit: float = 0.0, iterations: int = 100, gpus: int = 1,
-        model: str = "a", batch: int = 32, share: bool = True) -> JobSpec:
-    return JobSpec(job_id=job_id, submit_time=submit, model=model, gpus=gpus,
-                   batch_size=batch, iterations=iterations, allow_sharing=share)
+def job(
+    job_id: str,
+    submit: float = 0.0,
+    iterations: int = 100,
+    gpus: int = 1,
+    model: str = "a",
+    batch: int = 32,
+    share: bool = True,
+) -> JobSpec:
+    return JobSpec(
+        job_id=job_id,
+        submit_time=submit,
+        model=model,
+        gpus=gpus,
+        batch_size=batch,
+        iterations=iterations,
+        allow_sharing=share,
+    )
 
 
-def pending(job_id: str, remaining_s: float, gpus: int = 1, submit: float = 0.0,
-            model: str = "a", batch: int = 32, share: bool = True,
-            attained: float = 0.0, queued_since: float = 0.0) -> JobView:
-    return JobView(job_id=job_id, submit_time=submit, model=model, gpus=gpus,
-                   batch_size=batch, est_remaining_s=remaining_s, attained_gpu_s=attained,
-                   allow_sharing=share, oracle_remaining_s=remaining_s,
-                   queued_since=queued_since)
+def pending(
+    job_id: str,
+    remaining_s: float,
+    gpus: int = 1,
+    submit: float = 0.0,
+    model: str = "a",
+    batch: int = 32,
+    share: bool = True,
+    attained: float = 0.0,
+    queued_since: float = 0.0,
+) -> JobView:
+    return JobView(
+        job_id=job_id,
+        submit_time=submit,
+        model=model,
+        gpus=gpus,
+        batch_size=batch,
+        est_remaining_s=remaining_s,
+        attained_gpu_s=attained,
+        allow_sharing=share,
+        oracle_remaining_s=remaining_s,
+        queued_since=queued_since,
+    )
 
 
-def running(job_id: str, remaining_s: float, gpu_ids: tuple[int, ...], model: str = "a",
-            batch: int = 32, share: bool = True, attained: float = 0.0,
-            as_of: float = 0.0, accum: int = 1) -> JobView:
-    return JobView(job_id=job_id, submit_time=0.0, model=model, gpus=len(gpu_ids),
-                   batch_size=batch, est_remaining_s=remaining_s, attained_gpu_s=attained,
-                   as_of=as_of, allow_sharing=share, oracle_remaining_s=remaining_s,
-                   state=JobState.RUNNING, gpu_ids=gpu_ids, accum_steps=accum,
-                   progress_rate=1.0)
+def running(
+    job_id: str,
+    remaining_s: float,
+    gpu_ids: tuple[int, ...],
+    model: str = "a",
+    batch: int = 32,
+    share: bool = True,
+    attained: float = 0.0,
+    as_of: float = 0.0,
+    accum: int = 1,
+) -> JobView:
+    return JobView(
+        job_id=job_id,
+        submit_time=0.0,
+        model=model,
+        gpus=len(gpu_ids),
+        batch_size=batch,
+        est_remaining_s=remaining_s,
+        attained_gpu_s=attained,
+        as_of=as_of,
+        allow_sharing=share,
+        oracle_remaining_s=remaining_s,
+        state=JobState.RUNNING,
+        gpu_ids=gpu_ids,
+        accum_steps=accum,
+        progress_rate=1.0,
+    )
 
 
-def snapshot(cl: Cluster, perf: TablePerf, pending_jobs: list[JobView] = (),  # type: ignore[assignment]
-             running_jobs: list[JobView] = (), now: float = 0.0) -> Snapshot:  # type: ignore[assignment]
+def snapshot(
+    cl: Cluster,
+    perf: TablePerf,
+    pending_jobs: list[JobView] = (),  # type: ignore[assignment]
+    running_jobs: list[JobView] = (),
+    now: float = 0.0,
+) -> Snapshot:  # type: ignore[assignment]
     load = [0] * cl.total_gpus
     mem = [0.0] * cl.total_gpus
     for r in running_jobs:
@@ -95,6 +162,13 @@ def snapshot(cl: Cluster, perf: TablePerf, pending_jobs: list[JobView] = (),  # 
             load[g] += 1
             mem[g] += per_gpu
     node_free = [sum(1 for g in cl.node_gpus(i) if load[g] == 0) for i in range(len(cl.nodes))]
-    return Snapshot(now=now, cluster=cl, pending=tuple(pending_jobs),
-                    running=tuple(running_jobs), gpu_load=tuple(load),
-                    gpu_mem_used=tuple(mem), node_free=tuple(node_free), estimates=perf)
+    return Snapshot(
+        now=now,
+        cluster=cl,
+        pending=tuple(pending_jobs),
+        running=tuple(running_jobs),
+        gpu_load=tuple(load),
+        gpu_mem_used=tuple(mem),
+        node_free=tuple(node_free),
+        estimates=perf,
+    )

@@ -49,7 +49,9 @@ class Audited:
         for p in decision.preemptions:
             victim = jobs[p.job_id]
             assert victim.running
-            per_gpu = PERF.gpu_memory_mb(victim.model, victim.batch_size / (victim.gpus * victim.accum_steps))
+            per_gpu = PERF.gpu_memory_mb(
+                victim.model, victim.batch_size / (victim.gpus * victim.accum_steps)
+            )
             for g in victim.gpu_ids:
                 load[g] -= 1
                 mem[g] -= per_gpu
@@ -79,8 +81,11 @@ job_strategy = st.tuples(
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(rows=st.lists(job_strategy, min_size=1, max_size=25), nodes=st.integers(1, 3),
-       policy_name=st.sampled_from(sorted(POLICIES)))
+@given(
+    rows=st.lists(job_strategy, min_size=1, max_size=25),
+    nodes=st.integers(1, 3),
+    policy_name=st.sampled_from(sorted(POLICIES)),
+)
 def test_every_policy_keeps_the_cluster_invariants_and_finishes_every_schedulable_job(
     rows, nodes, policy_name
 ):
@@ -105,7 +110,10 @@ def test_every_policy_keeps_the_cluster_invariants_and_finishes_every_schedulabl
 
 
 @settings(max_examples=10, deadline=None)
-@given(rows=st.lists(job_strategy, min_size=1, max_size=20), seed_policy=st.sampled_from(sorted(POLICIES)))
+@given(
+    rows=st.lists(job_strategy, min_size=1, max_size=20),
+    seed_policy=st.sampled_from(sorted(POLICIES)),
+)
 def test_a_simulation_is_deterministic(rows, seed_policy):
     trace = [
         job(f"j{i}", submit, iters, gpus=gpus, model=model, batch=max(batch, gpus), share=share)

@@ -19,8 +19,9 @@ TRACE = [job("j1", 0, 100), job("j2", 0, 50), job("j3", 10, 10, gpus=2), job("j4
 
 
 def finish_times(policy, trace=TRACE, overhead: float = 30.0) -> dict[str, float | None]:
-    result = simulate(cluster(1, 2), trace, policy, TablePerf(),
-                      config=SimConfig(restart_overhead_s=overhead))
+    result = simulate(
+        cluster(1, 2), trace, policy, TablePerf(), config=SimConfig(restart_overhead_s=overhead)
+    )
     return {o.job_id: o.finish_time for o in result.jobs}
 
 
@@ -72,7 +73,10 @@ def test_a_job_larger_than_the_cluster_is_reported_unschedulable_and_the_run_end
         result = simulate(cluster(1, 2), trace, make_policy(name), TablePerf())
         states = {o.job_id: (o.state, o.reason) for o in result.jobs}
         assert states["ok"][0] == "finished"
-        assert states["huge"] == ("unschedulable", "unschedulable: needs 64 GPUs; the cluster has 2")
+        assert states["huge"] == (
+            "unschedulable",
+            "unschedulable: needs 64 GPUs; the cluster has 2",
+        )
 
 
 def test_a_job_whose_memory_never_fits_is_unschedulable_with_the_numbers():

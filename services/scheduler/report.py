@@ -18,6 +18,7 @@ from matplotlib.axes import Axes
 # A bare Figure renders with the Agg canvas on savefig: no pyplot, so no global backend
 # switch, no figure registry to leak into, and it works on headless machines.
 from matplotlib.figure import Figure
+from rich import box
 from rich.table import Table
 
 from services.scheduler.results import JobOutcome, SimResult, TimelinePoint
@@ -30,8 +31,20 @@ QUEUE_FILE = "queue_length.png"
 OUTPUT_FILES = (SUMMARY_FILE, JOBS_FILE, JCT_CDF_FILE, GPU_UTIL_FILE, QUEUE_FILE)
 
 JOB_COLUMNS = (
-    "policy", "job_id", "model", "gpus", "submit_time", "start_time", "finish_time",
-    "jct_s", "queue_s", "exclusive_s", "preemptions", "shared", "state", "reason",
+    "policy",
+    "job_id",
+    "model",
+    "gpus",
+    "submit_time",
+    "start_time",
+    "finish_time",
+    "jct_s",
+    "queue_s",
+    "exclusive_s",
+    "preemptions",
+    "shared",
+    "state",
+    "reason",
 )
 
 _MINUTE, _HOUR, _DAY = 60.0, 3_600.0, 86_400.0
@@ -48,8 +61,7 @@ def summary_json(results: Sequence[SimResult]) -> dict[str, Any]:
 def _json_safe(summary: dict[str, Any]) -> dict[str, Any]:
     # json.dumps would write NaN, which is not JSON; strict parsers reject it
     return {
-        k: None if isinstance(v, float) and not math.isfinite(v) else v
-        for k, v in summary.items()
+        k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in summary.items()
     }
 
 
@@ -79,10 +91,20 @@ def write_jobs_csv(results: Sequence[SimResult], path: Path) -> None:
 
 def _job_row(policy: str, job: JobOutcome) -> tuple[object, ...]:
     return (
-        policy, job.job_id, job.model, job.gpus, job.submit_time,
-        _cell(job.start_time), _cell(job.finish_time), _cell(job.jct_s),
-        job.queue_s, job.exclusive_s, job.preemptions, "true" if job.shared else "false",
-        job.state, job.reason,
+        policy,
+        job.job_id,
+        job.model,
+        job.gpus,
+        job.submit_time,
+        _cell(job.start_time),
+        _cell(job.finish_time),
+        _cell(job.jct_s),
+        job.queue_s,
+        job.exclusive_s,
+        job.preemptions,
+        "true" if job.shared else "false",
+        job.state,
+        job.reason,
     )
 
 
@@ -112,16 +134,21 @@ def plot_jct_cdf(results: Sequence[SimResult], path: Path) -> None:
 
 def plot_gpu_util(results: Sequence[SimResult], path: Path) -> None:
     _plot_timeline(
-        results, path,
+        results,
+        path,
         value=lambda r, p: p.busy_gpus / r.total_gpus if r.total_gpus else 0.0,
-        ylabel="busy GPUs (fraction)", title="GPU utilisation",
+        ylabel="busy GPUs (fraction)",
+        title="GPU utilisation",
     )
 
 
 def plot_queue_length(results: Sequence[SimResult], path: Path) -> None:
     _plot_timeline(
-        results, path, value=lambda r, p: float(p.queued_jobs),
-        ylabel="queued jobs", title="Queue length",
+        results,
+        path,
+        value=lambda r, p: float(p.queued_jobs),
+        ylabel="queued jobs",
+        title="Queue length",
     )
 
 
@@ -132,20 +159,30 @@ def _plot_timeline(
     ylabel: str,
     title: str,
 ) -> None:
-    span = max((r.timeline[-1].time for r in results if r.timeline), default=0.0)
+    span = max((r.timeline[0].time + r.makespan_s for r in results if r.timeline), default=0.0)
     scale, unit = _time_unit(span)
     fig, ax = _figure()
     for result in results:
-        if result.timeline:
-            times = [p.time / scale for p in result.timeline]
-            ax.step(times, [value(result, p) for p in result.timeline],
-                    where="post", label=result.policy)
+        points = _within_run(result)
+        if points:
+            times = [p.time / scale for p in points]
+            ax.step(times, [value(result, p) for p in points], where="post", label=result.policy)
     if ax.lines:
         ax.legend()
     ax.set_xlabel(f"time ({unit})")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     _save(fig, path)
+
+
+def _within_run(result: SimResult) -> tuple[TimelinePoint, ...]:
+    """Timeline points up to the last finish."""
+    # stale events popped after the last job finished add idle points that would only
+    # stretch the time axis of every policy
+    if not result.timeline or result.makespan_s <= 0:
+        return result.timeline
+    end = result.timeline[0].time + result.makespan_s
+    return tuple(p for p in result.timeline if p.time <= end)
 
 
 def _time_unit(span_s: float) -> tuple[float, str]:
@@ -173,14 +210,34 @@ def _save(fig: Figure, path: Path) -> None:
 
 def summary_table(results: Sequence[SimResult]) -> Table:
     """One row per policy; the best average JCT is bold."""
-    table = Table(title="Simulation results", title_justify="left")
+    # two-line headers, no vertical rules and collapsed padding: eleven columns of
+    # unwrapped values still fit an 80-column terminal
+    table = Table(
+        title="Simulation results",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        collapse_padding=True,
+        show_edge=False,
+        pad_edge=False,
+    )
     table.add_column("policy", style="cyan", no_wrap=True)
-    for name in ("jobs", "avg JCT", "median JCT", "p99 JCT", "avg queue", "makespan",
-                 "GPU util", "preemptions", "shared pairs", "wall"):
-        table.add_column(name, justify="right")
+    for name in (
+        "jobs",
+        "avg\nJCT",
+        "median\nJCT",
+        "p99\nJCT",
+        "avg\nqueue",
+        "make-\nspan",
+        "GPU\nutil",
+        "pre-\nempt",
+        "share\npairs",
+        "wall\ntime",
+    ):
+        table.add_column(name, justify="right", no_wrap=True)
     summaries = [r.summary() for r in results]
-    best = min((s["avg_jct_s"] for s in summaries if math.isfinite(s["avg_jct_s"])),
-               default=math.nan)
+    best = min(
+        (s["avg_jct_s"] for s in summaries if math.isfinite(s["avg_jct_s"])), default=math.nan
+    )
     for result, s in zip(results, summaries, strict=True):
         avg = human_duration(s["avg_jct_s"])
         table.add_row(
@@ -191,7 +248,7 @@ def summary_table(results: Sequence[SimResult]) -> Table:
             human_duration(s["p99_jct_s"]),
             human_duration(s["avg_queue_s"]),
             human_duration(s["makespan_s"]),
-            f"{100 * s['gpu_util']:.1f} %",
+            f"{100 * s['gpu_util']:.1f}%",
             str(s["preemptions"]),
             str(s["shared_pairs"]),
             human_duration(s["wall_s"]),
@@ -206,9 +263,11 @@ def _jobs_cell(summary: dict[str, Any]) -> str:
 
 
 def human_duration(seconds: float) -> str:
-    """``35 s``, ``12.5 min``, ``1.2 h``, ``2.3 d``; ``-`` when there is no value."""
+    """``35 s``, ``12 min``, ``1.2 h``, ``2.3 d``; ``-`` when there is no value."""
     if not math.isfinite(seconds):
         return "-"
+    if seconds == 0:
+        return "0 s"
     if seconds < 1:
         return f"{seconds * 1000:.0f} ms"
     if seconds < 10:
@@ -216,7 +275,7 @@ def human_duration(seconds: float) -> str:
     if seconds < _MINUTE:
         return f"{seconds:.0f} s"
     if seconds < _HOUR:
-        return f"{seconds / _MINUTE:.1f} min"
+        return f"{seconds / _MINUTE:.0f} min"
     if seconds < _DAY:
         return f"{seconds / _HOUR:.1f} h"
     return f"{seconds / _DAY:.1f} d"

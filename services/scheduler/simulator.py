@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -20,7 +21,7 @@ from libs.core.decision import Decision, Start
 from libs.core.jobs import JobSpec
 from libs.core.perf import PerformanceModel
 from libs.core.snapshot import JobState, JobView, Snapshot
-from services.scheduler.policies.base import Policy, unschedulable_reason
+from services.scheduler.policies.base import Policy, QueueSort, unschedulable_reason
 from services.scheduler.results import (
     FINISHED,
     UNFINISHED,
@@ -56,9 +57,25 @@ class SimConfig:
 
 class SimJob:
     __slots__ = (
-        "accum", "attained", "est_iter", "exclusive_iter", "first_start", "finish_time",
-        "gpu_ids", "iter_time", "last_settle", "mem_mb", "overhead_left", "preemptions",
-        "queue_total", "queued_since", "remaining", "shared", "spec", "state", "version",
+        "accum",
+        "attained",
+        "est_iter",
+        "exclusive_iter",
+        "finish_time",
+        "first_start",
+        "gpu_ids",
+        "iter_time",
+        "last_settle",
+        "mem_mb",
+        "overhead_left",
+        "preemptions",
+        "queue_total",
+        "queued_since",
+        "remaining",
+        "shared",
+        "spec",
+        "state",
+        "version",
         "view",
     )
 
@@ -85,6 +102,34 @@ class SimJob:
         self.view: JobView | None = None
 
 
+class SortedQueue:
+    """The queue kept in a policy's fixed queue order, so no decision sorts it again."""
+
+    def __init__(self, sort: QueueSort | None) -> None:
+        self.sort = sort
+        self.order = sort.name if sort else "arrival"
+        self._keys: list[tuple] = []
+        self._views: list[JobView] = []
+
+    def add(self, view: JobView) -> None:
+        if self.sort is None:
+            return
+        key = self.sort.key(view)
+        i = bisect_left(self._keys, key)
+        self._keys.insert(i, key)
+        self._views.insert(i, view)
+
+    def remove(self, view: JobView) -> None:
+        if self.sort is None:
+            return
+        i = bisect_left(self._keys, self.sort.key(view))
+        del self._keys[i]
+        del self._views[i]
+
+    def views(self, arrival: dict[str, JobView]) -> tuple[JobView, ...]:
+        return tuple(self._views) if self.sort else tuple(arrival.values())
+
+
 class Simulator:
     def __init__(
         self,
@@ -108,6 +153,7 @@ class Simulator:
         self._specs_by_id = {s.job_id: s for s in self.specs}
         self.jobs: dict[str, SimJob] = {}
         self.pending: dict[str, JobView] = {}
+        self.queue = SortedQueue(getattr(policy, "queue_sort", None))
         self.running: dict[str, JobView] = {}
         self.unschedulable: dict[str, str] = {}
         g = cluster.total_gpus
@@ -190,8 +236,12 @@ class Simulator:
             self.done += 1
             return False
         job.state = "pending"
-        self.pending[job_id] = view
+        self._enqueue(view)
         return True
+
+    def _enqueue(self, view: JobView) -> None:
+        self.pending[view.job_id] = view
+        self.queue.add(view)
 
     def _pending_view(self, job: SimJob) -> JobView:
         spec = job.spec
@@ -257,9 +307,19 @@ class Simulator:
             for other in self.gpu_residents[gpu]:
                 if other is not job:
                     o = other.spec
-                    slowdown = max(slowdown, truth.colocation_slowdown(
-                        spec.model, spec.batch_size, spec.gpus, job.accum,
-                        o.model, o.batch_size, o.gpus, other.accum))
+                    slowdown = max(
+                        slowdown,
+                        truth.colocation_slowdown(
+                            spec.model,
+                            spec.batch_size,
+                            spec.gpus,
+                            job.accum,
+                            o.model,
+                            o.batch_size,
+                            o.gpus,
+                            other.accum,
+                        ),
+                    )
         job.iter_time = alone * slowdown
         job.version += 1
         job.view = self._running_view(job)
@@ -315,13 +375,14 @@ class Simulator:
         return Snapshot(
             now=now,
             cluster=self.cluster,
-            pending=tuple(self.pending.values()),
+            pending=self.queue.views(self.pending),
             running=tuple(self.running.values()),
             gpu_load=tuple(self.gpu_load),
             gpu_mem_used=tuple(self.gpu_mem_used),
             node_free=tuple(self.node_free),
             estimates=self.estimates,
             max_jobs_per_gpu=self.config.max_jobs_per_gpu,
+            queue_order=self.queue.order,
         )
 
     def _decide(self, now: float) -> None:
@@ -347,7 +408,7 @@ class Simulator:
         self.preemptions += 1
         job.overhead_left = self.config.restart_overhead_s
         job.queued_since = self.clock
-        self.pending[job_id] = self._pending_view(job)
+        self._enqueue(self._pending_view(job))
         for other in partners:
             self._settle(other)
             self._retime(other)
@@ -364,7 +425,9 @@ class Simulator:
             )
         if start.accum_steps < 1 or spec.batch_size // spec.gpus // start.accum_steps < 1:
             raise PolicyViolation(f"{name} gave {spec.job_id} accum_steps {start.accum_steps}")
-        mem = self.truth.gpu_memory_mb(spec.model, spec.batch_size / (spec.gpus * start.accum_steps))
+        mem = self.truth.gpu_memory_mb(
+            spec.model, spec.batch_size / (spec.gpus * start.accum_steps)
+        )
         gpu_mem = self.cluster.gpu_mem_mb
         for gpu in start.gpu_ids:
             if not 0 <= gpu < len(self.gpu_load):
@@ -372,14 +435,16 @@ class Simulator:
             residents = self.gpu_residents[gpu]
             if len(residents) >= self.config.max_jobs_per_gpu:
                 raise PolicyViolation(f"{name} placed {spec.job_id} on full GPU {gpu}")
-            if residents and not (spec.allow_sharing and all(r.spec.allow_sharing for r in residents)):
+            if residents and not (
+                spec.allow_sharing and all(r.spec.allow_sharing for r in residents)
+            ):
                 raise PolicyViolation(f"{name} shared GPU {gpu} with a job that forbids it")
             if self.gpu_mem_used[gpu] + mem > gpu_mem[gpu] + 1e-6:
                 raise PolicyViolation(
                     f"{name} overcommitted GPU {gpu}: {self.gpu_mem_used[gpu] + mem:.0f} MiB "
                     f"> {gpu_mem[gpu]} MiB"
                 )
-        del self.pending[spec.job_id]
+        self.queue.remove(self.pending.pop(spec.job_id))
         job.state = "running"
         job.gpu_ids = start.gpu_ids
         job.accum = start.accum_steps
@@ -426,20 +491,35 @@ class Simulator:
             else:
                 state = UNFINISHED
                 reason = self.last_decision.why(spec.job_id) if self.last_decision else ""
-            outcomes.append(JobOutcome(
-                job_id=spec.job_id, model=spec.model, gpus=spec.gpus,
-                submit_time=spec.submit_time, start_time=job.first_start,
-                finish_time=job.finish_time, exclusive_s=exclusive,
-                queue_s=job.queue_total, preemptions=job.preemptions, shared=job.shared,
-                state=state, reason=reason,
-            ))
+            outcomes.append(
+                JobOutcome(
+                    job_id=spec.job_id,
+                    model=spec.model,
+                    gpus=spec.gpus,
+                    submit_time=spec.submit_time,
+                    start_time=job.first_start,
+                    finish_time=job.finish_time,
+                    exclusive_s=exclusive,
+                    queue_s=job.queue_total,
+                    preemptions=job.preemptions,
+                    shared=job.shared,
+                    state=state,
+                    reason=reason,
+                )
+            )
         makespan = last_finish - origin
         total = self.cluster.total_gpus
         util = self.busy_gpu_s / (total * makespan) if makespan > 0 else 0.0
         return SimResult(
-            policy=self.policy.name, total_gpus=total, jobs=tuple(outcomes),
-            makespan_s=makespan, gpu_util=util, preemptions=self.preemptions,
-            shared_pairs=self.shared_pairs, wall_s=wall_s, decisions=self.decisions,
+            policy=self.policy.name,
+            total_gpus=total,
+            jobs=tuple(outcomes),
+            makespan_s=makespan,
+            gpu_util=util,
+            preemptions=self.preemptions,
+            shared_pairs=self.shared_pairs,
+            wall_s=wall_s,
+            decisions=self.decisions,
             timeline=thin(self.timeline, self.config.timeline_points),
         )
 
@@ -448,7 +528,7 @@ def thin(points: list[TimelinePoint], most: int) -> tuple[TimelinePoint, ...]:
     if len(points) <= most:
         return tuple(points)
     step = len(points) / most
-    return tuple(points[int(i * step)] for i in range(most)) + (points[-1],)
+    return (*tuple(points[int(i * step)] for i in range(most)), points[-1])
 
 
 def simulate(

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from libs.core.decision import Decision, Start
@@ -15,11 +16,38 @@ ACCUM_CHOICES = (1, 2, 4, 8, 16)
 SortKey = Callable[[JobView], tuple]
 
 
-class Policy(Protocol):
+@dataclass(frozen=True)
+class QueueSort:
+    """A fixed order of queued jobs (a key that does not change while a job waits).
+
+    A driver that knows a policy's queue sort keeps its queue in that order and says so
+    in ``Snapshot.queue_order``, so the policy need not sort a long queue every round.
+    """
+
     name: str
-    preemptive: bool
+    key: SortKey
+
+
+class Policy(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def preemptive(self) -> bool: ...
+
+    @property
+    def queue_sort(self) -> QueueSort | None:
+        """The order the policy reads the queue in, if it is fixed."""
+        ...
 
     def decide(self, snapshot: Snapshot) -> Decision: ...
+
+
+def ordered_pending(snapshot: Snapshot, sort: QueueSort) -> Sequence[JobView]:
+    """The queue in ``sort`` order, sorting only if the driver has not already."""
+    if snapshot.queue_order == sort.name:
+        return snapshot.pending
+    return sorted(snapshot.pending, key=sort.key)
 
 
 def accum_choices(job: JobView) -> tuple[int, ...]:
@@ -75,9 +103,7 @@ def place_exclusive(job: JobView, free: FreeGpus, snapshot: Snapshot) -> Start |
     return Start(job.job_id, tuple(gpus), accum)
 
 
-def greedy_exclusive(
-    snapshot: Snapshot, ordered: Iterable[JobView], *, backfill: bool
-) -> Decision:
+def greedy_exclusive(snapshot: Snapshot, ordered: Iterable[JobView], *, backfill: bool) -> Decision:
     """Start jobs in order on idle GPUs; with ``backfill`` skip those that do not fit.
 
     The scan stops once no GPU is idle: every job after that point shares one reason,

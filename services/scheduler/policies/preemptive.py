@@ -15,6 +15,7 @@ from libs.core.decision import Decision, Preempt, Start
 from libs.core.placement import FreeGpus
 from libs.core.snapshot import JobView, Snapshot
 from services.scheduler.policies.base import (
+    QueueSort,
     busy_reason,
     no_room_reason,
     place_exclusive,
@@ -24,7 +25,9 @@ from services.scheduler.policies.base import (
 RankKey = Callable[[JobView], tuple]
 
 
-def decide_by_rank(snapshot: Snapshot, rank: RankKey, describe: Callable[[JobView], str]) -> Decision:
+def decide_by_rank(
+    snapshot: Snapshot, rank: RankKey, describe: Callable[[JobView], str]
+) -> Decision:
     reasons: dict[str, str] = {}
     candidates = [j for j in snapshot.running]
     for job in snapshot.pending:
@@ -78,6 +81,7 @@ class Srtf:
 
     name: str = "srtf"
     preemptive: bool = True
+    queue_sort: QueueSort | None = None
 
     def decide(self, snapshot: Snapshot) -> Decision:
         now = snapshot.now
@@ -106,6 +110,7 @@ class Tiresias:
     min_wait_s: float = 3_600.0
     name: str = "tiresias"
     preemptive: bool = True
+    queue_sort: QueueSort | None = None
 
     def __post_init__(self) -> None:
         if list(self.thresholds_gpu_s) != sorted(self.thresholds_gpu_s):

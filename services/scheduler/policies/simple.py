@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from libs.core.decision import Decision
 from libs.core.snapshot import JobView, Snapshot
-from services.scheduler.policies.base import greedy_exclusive
+from services.scheduler.policies.base import QueueSort, greedy_exclusive, ordered_pending
 
 
 def fifo_key(job: JobView) -> tuple[float, str]:
@@ -17,6 +17,10 @@ def sjf_key(job: JobView) -> tuple[float, float, str]:
     return (job.est_remaining_s, job.submit_time, job.job_id)
 
 
+FIFO_ORDER = QueueSort("submit-time", fifo_key)
+SJF_ORDER = QueueSort("predicted-size", sjf_key)
+
+
 @dataclass(frozen=True)
 class Fifo:
     """First come, first served; by default the head of the queue blocks the rest."""
@@ -24,10 +28,12 @@ class Fifo:
     backfill: bool = False
     name: str = "fifo"
     preemptive: bool = False
+    queue_sort: QueueSort | None = FIFO_ORDER
 
     def decide(self, snapshot: Snapshot) -> Decision:
-        # the snapshot lists pending jobs in submission order already
-        return greedy_exclusive(snapshot, snapshot.pending, backfill=self.backfill)
+        return greedy_exclusive(
+            snapshot, ordered_pending(snapshot, FIFO_ORDER), backfill=self.backfill
+        )
 
 
 @dataclass(frozen=True)
@@ -36,8 +42,9 @@ class Sjf:
 
     name: str = "sjf"
     preemptive: bool = False
+    queue_sort: QueueSort | None = SJF_ORDER
 
     def decide(self, snapshot: Snapshot) -> Decision:
         if snapshot.free_gpus == 0:
             return greedy_exclusive(snapshot, (), backfill=True)
-        return greedy_exclusive(snapshot, sorted(snapshot.pending, key=sjf_key), backfill=True)
+        return greedy_exclusive(snapshot, ordered_pending(snapshot, SJF_ORDER), backfill=True)

@@ -1,0 +1,66 @@
+"""Full Philly replay (82,247 jobs) on 64x8 GPUs, one run per policy.
+
+Prints wall seconds, simulated jobs per second and peak Python memory per policy, and
+the scheduling-quality summary. The trace is not shipped: point --data-dir at a folder
+holding traces/philly/philly.csv (see docs/trace-format.md).
+
+    python bench/philly_replay.py --data-dir ../shared/data [--policy sjf-bsbf ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from pathlib import Path
+
+from libs.core.cluster import Cluster
+from libs.core.groundtruth import load_performance_model
+from libs.core.traces import load_trace
+from libs.core.workload import materialize
+from services.scheduler.policies import POLICIES, make_policy
+from services.scheduler.simulator import simulate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data")
+    )
+    parser.add_argument("--cluster", default="64x8")
+    parser.add_argument("--policy", action="append", choices=sorted(POLICIES))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--limit", type=int)
+    args = parser.parse_args()
+    trace_path = Path(args.data_dir) / "traces" / "philly" / "philly.csv"
+    if not trace_path.exists():
+        print(f"skipped: {trace_path} is absent (see docs/trace-format.md for where to get it)")
+        sys.exit(0)
+    began = time.perf_counter()
+    perf = load_performance_model(args.data_dir)
+    jobs = materialize(load_trace(trace_path, "philly").jobs, perf, seed=args.seed)
+    if args.limit:
+        jobs = jobs[: args.limit]
+    print(f"loaded {len(jobs)} jobs in {time.perf_counter() - began:.1f} s; cluster {args.cluster}")
+    cluster = Cluster.parse(args.cluster)
+    header = (
+        f"{'policy':<10} {'wall s':>7} {'jobs/s':>8} {'peak RSS MiB':>12} {'avg JCT h':>10} "
+        f"{'p50 h':>7} {'p99 h':>8} {'queue h':>8} {'util':>6} {'preempt':>8} {'shared':>7}"
+    )
+    print(header)
+    for name in args.policy or list(POLICIES):
+        result = simulate(cluster, jobs, make_policy(name), perf)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # process peak so far
+        s = result.summary()
+        print(
+            f"{name:<10} {result.wall_s:>7.1f} {len(jobs) / result.wall_s:>8.0f} "
+            f"{peak / 2**20:>12.0f} {s['avg_jct_s'] / 3600:>10.2f} {s['p50_jct_s'] / 3600:>7.2f} "
+            f"{s['p99_jct_s'] / 3600:>8.1f} {s['avg_queue_s'] / 3600:>8.2f} "
+            f"{s['gpu_util']:>6.1%} {s['preemptions']:>8} {s['shared_pairs']:>7}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,288 @@
+"""The ``gpusched`` command line: replay a trace under several policies, list policies.
+
+A thin shell over `services.scheduler.runner` and `services.scheduler.report`: it parses
+options, turns user mistakes into one-line errors (exit code 2) and shows progress.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+from libs.core.perf import UnknownModelError
+from libs.core.traces import TraceError
+from libs.core.workload import parse_mix
+from services.scheduler.policies import POLICIES, UnknownPolicyError, make_policy
+from services.scheduler.report import summary_table, write_outputs
+from services.scheduler.results import SimResult
+from services.scheduler.runner import (
+    SYNTHETIC_PREFIX,
+    InputError,
+    ProgressCallback,
+    ProgressFactory,
+    build_cluster,
+    build_models,
+    check_policies,
+    load_workload,
+    run_policies,
+)
+from services.scheduler.simulator import PolicyViolation, SimConfig
+
+#: mistakes in what the user asked for: shown as one line, exit code 2
+USER_ERRORS = (InputError, TraceError, UnknownPolicyError, UnknownModelError)
+USAGE_EXIT = 2
+DEFAULT_CLUSTER = "64x8"
+#: below this width rich squeezes the results table into unreadable wrapped cells
+MIN_TABLE_WIDTH = 160
+
+
+class TraceFormat(StrEnum):
+    """Trace file formats; mirrors `libs.core.traces.FORMATS`."""
+
+    philly = "philly"
+    alibaba = "alibaba"
+    pollux = "pollux"
+    native = "native"
+
+
+app = typer.Typer(
+    name="gpusched",
+    help="Schedule deep-learning training jobs on GPU clusters, and replay traces offline.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+_DATA_DIR_HELP = (
+    "Folder of research data laid out like traces/... and profiles/... "
+    "(see docs/trace-format.md), e.g. ../shared/data. Relative trace paths are also "
+    "looked up there. Default: the built-in performance profiles."
+)
+
+
+@app.command()
+def simulate(
+    out: Annotated[Path, typer.Option(help="Folder for summary.json, jobs.csv and plots.")],
+    trace: Annotated[
+        str | None, typer.Option(help=f"Trace file, or {SYNTHETIC_PREFIX}N for N generated jobs.")
+    ] = None,
+    fmt: Annotated[
+        TraceFormat | None,
+        typer.Option("--format", help="Format of the trace file (required with a file)."),
+    ] = None,
+    synthetic_jobs: Annotated[
+        int | None,
+        typer.Option("--synthetic", min=1, help="Generate N jobs instead of reading --trace."),
+    ] = None,
+    rate: Annotated[
+        float, typer.Option(min=0.001, help="Arrival rate of generated jobs, per hour.")
+    ] = 10.0,
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            help=f"NODESxGPUS (default {DEFAULT_CLUSTER}), or 'alibaba' for the Alibaba "
+            "node list in --data-dir."
+        ),
+    ] = None,
+    nodes_file: Annotated[
+        Path | None, typer.Option(help="Alibaba-style node list CSV to use as the cluster.")
+    ] = None,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--policy",
+            "-p",
+            help=f"Policy to run; repeat for several. Default: all ({', '.join(POLICIES)}).",
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed for models, generated jobs and noise.")] = 0,
+    data_dir: Annotated[Path | None, typer.Option(help=_DATA_DIR_HELP)] = None,
+    skip_bad_rows: Annotated[
+        bool,
+        typer.Option(
+            "--skip-bad-rows", help="Skip and count malformed trace rows instead of stopping."
+        ),
+    ] = False,
+    limit: Annotated[
+        int | None, typer.Option(min=1, help="Keep only the first N jobs by submit time.")
+    ] = None,
+    prediction_error: Annotated[
+        float,
+        typer.Option(
+            min=0.0, help="Log-normal sigma of the scheduler's runtime estimates (0: exact)."
+        ),
+    ] = 0.0,
+    restart_overhead: Annotated[
+        float,
+        typer.Option(min=0.0, help="Seconds a preempted job spends restoring when it restarts."),
+    ] = 30.0,
+    mix: Annotated[
+        str | None,
+        typer.Option(
+            help="Models for jobs without one, as name=weight,... (categories image, language, "
+            "speech, recommendation, rl or model names). Default: image=20,language=70,speech=10."
+        ),
+    ] = None,
+) -> None:
+    """Replay a trace under one or more policies; print a table and write outputs."""
+    out_console, err_console = _consoles()
+    try:
+        source = _trace_source(trace, synthetic_jobs)
+        cluster_spec = _cluster_spec(cluster, nodes_file)
+        job_mix = _parse_mix(mix)
+        names = check_policies(_policy_names(policy))  # fail before a long trace load
+        built = build_cluster(cluster_spec, data_dir)
+        truth, estimates = build_models(data_dir, prediction_error, seed)
+        workload = load_workload(
+            source,
+            fmt.value if fmt else None,
+            truth,
+            seed=seed,
+            data_dir=data_dir,
+            skip_bad_rows=skip_bad_rows,
+            limit=limit,
+            rate_per_h=rate,
+            mix=job_mix,
+        )
+        for note in workload.notes:
+            err_console.print(Text(note, style="dim"), soft_wrap=True)
+        config = SimConfig(restart_overhead_s=restart_overhead)
+        with _progress_bars(err_console) as progress:
+            results = run_policies(workload.jobs, built, names, truth, estimates, config, progress)
+    except USER_ERRORS as exc:
+        _fail(err_console, str(exc))
+    except PolicyViolation as exc:  # a policy bug, not a user mistake: exit 1
+        _fail(err_console, f"policy broke a cluster invariant: {exc}", code=1)
+    out_console.print(summary_table(results))
+    _write(out_console, err_console, results, out)
+
+
+def _write(out_console: Console, err_console: Console, results: list[SimResult], out: Path) -> None:
+    try:
+        paths = write_outputs(results, out)
+    except OSError as exc:
+        _fail(err_console, f"cannot write outputs to {out}: {exc.strerror or exc}")
+    names = ", ".join(p.name for p in paths)
+    out_console.print(Text(f"wrote {names} to {out}"), soft_wrap=True)
+
+
+@app.command("policies")
+def list_policies() -> None:
+    """List the scheduling policies with a one-line description each."""
+    table = Table(show_header=True, box=None)
+    table.add_column("policy", style="cyan", no_wrap=True)
+    table.add_column("description")
+    for name in POLICIES:
+        table.add_row(name, _first_doc_line(make_policy(name)))
+    Console().print(table)
+
+
+def _first_doc_line(obj: object) -> str:
+    doc = type(obj).__doc__ or ""
+    first = doc.strip().splitlines()[0] if doc.strip() else ""
+    return first.replace("``", "")  # reST literals read as noise in a terminal
+
+
+# ------------------------------------------------------------------------ option checks
+
+
+def _trace_source(trace: str | None, synthetic_jobs: int | None) -> str:
+    if trace is not None and synthetic_jobs is not None:
+        raise InputError("give --trace or --synthetic, not both")
+    if synthetic_jobs is not None:
+        return f"{SYNTHETIC_PREFIX}{synthetic_jobs}"
+    if trace is None:
+        raise InputError(f"give --trace PATH (or {SYNTHETIC_PREFIX}N) or --synthetic N")
+    return trace
+
+
+def _cluster_spec(cluster: str | None, nodes_file: Path | None) -> str:
+    if nodes_file is not None and cluster is not None:
+        raise InputError("give --cluster or --nodes-file, not both")
+    if nodes_file is not None:
+        if not nodes_file.is_file():
+            raise InputError(f"node list not found: {nodes_file}")
+        return str(nodes_file)
+    return cluster or DEFAULT_CLUSTER
+
+
+def _parse_mix(mix: str | None) -> dict[str, float] | None:
+    if mix is None:
+        return None
+    try:
+        return parse_mix(mix)
+    except ValueError as exc:
+        raise InputError(f"--mix: {exc}") from None
+
+
+def _policy_names(policy: list[str] | None) -> list[str]:
+    # split "a,b" too: users type lists both ways
+    return [p for item in policy or [] for p in item.split(",") if p.strip()]
+
+
+# ------------------------------------------------------------------------ output helpers
+
+
+def _consoles() -> tuple[Console, Console]:
+    out, err = Console(), Console(stderr=True)
+    if not out.is_terminal:  # piped or captured: no width to fit, so do not squeeze
+        out.width = max(out.width, MIN_TABLE_WIDTH)
+    return out, err
+
+
+@contextmanager
+def _progress_bars(console: Console) -> Iterator[ProgressFactory | None]:
+    """One bar per policy on a terminal; nothing when output is captured or piped."""
+    if not console.is_terminal:
+        yield None
+        return
+    columns = (
+        TextColumn("{task.description:>10}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("jobs"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console) as progress:
+
+        def factory(name: str, total: int) -> ProgressCallback:
+            task = progress.add_task(name, total=total)
+            last = [-1]
+
+            def update(done: int, _total: int) -> None:
+                # the simulator reports often with the same count; redraws are not free
+                if done != last[0]:
+                    last[0] = done
+                    progress.update(task, completed=done)
+
+            return update
+
+        yield factory
+
+
+def _fail(console: Console, message: str, code: int = USAGE_EXIT) -> NoReturn:
+    console.print(Text.assemble(("error: ", "bold red"), message), soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

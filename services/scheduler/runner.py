@@ -1,0 +1,191 @@
+"""Running a set of policies on one workload: the orchestration behind ``gpusched simulate``.
+
+Kept free of any CLI so tests and benchmarks drive the same path:
+`build_cluster` -> `load_workload` -> `build_models` -> `run_policies`.
+User mistakes (a bad cluster spec, an unknown model in a trace, ...) surface as
+`InputError`, `TraceError`, `UnknownPolicyError` or `UnknownModelError`, each with a
+message fit to show as is.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from libs.core.cluster import Cluster
+from libs.core.groundtruth import NoisyEstimates, load_performance_model
+from libs.core.jobs import JobSpec
+from libs.core.perf import PerformanceModel
+from libs.core.traces import LoadedTrace, TraceJob, load_alibaba_nodes, load_trace
+from libs.core.workload import materialize, synthetic
+from services.scheduler.policies import POLICIES, make_policy
+from services.scheduler.results import SimResult
+from services.scheduler.simulator import SimConfig, simulate
+
+#: ``--cluster alibaba`` reads this node list inside the data folder
+ALIBABA_NODES = Path("traces/alibaba-v2023/openb_node_list_gpu_node.csv")
+#: ``--trace synthetic:N`` asks for N generated jobs instead of a file
+SYNTHETIC_PREFIX = "synthetic:"
+
+ProgressCallback = Callable[[int, int], None]
+ProgressFactory = Callable[[str, int], ProgressCallback]
+
+
+class InputError(ValueError):
+    """A user-supplied setting or workload that cannot be used; the message says why."""
+
+
+@dataclass
+class Workload:
+    jobs: list[JobSpec]
+    #: where the jobs came from, one line each: the file and its counts, or the generator
+    notes: list[str] = field(default_factory=list)
+    skipped_rows: int = 0
+
+
+# ---------------------------------------------------------------------------- cluster
+
+
+def build_cluster(spec: str, data_dir: str | Path | None) -> Cluster:
+    """``NODESxGPUS`` (``64x8``), ``alibaba`` (the Alibaba node list in ``data_dir``)
+    or the path of an Alibaba-style node list CSV."""
+    text = spec.strip()
+    if text.lower() == "alibaba":
+        if data_dir is None:
+            raise InputError("--cluster alibaba reads the node list from --data-dir; give one")
+        return load_alibaba_nodes(Path(data_dir) / ALIBABA_NODES)
+    if re.fullmatch(r"\d+\s*[xX]\s*\d+", text):
+        try:
+            return Cluster.parse(text)
+        except ValueError as exc:  # e.g. 0x8: well-formed but empty
+            raise InputError(f"bad cluster spec {spec!r}: {exc}") from None
+    if text.lower().endswith(".csv") or Path(text).is_file():
+        return load_alibaba_nodes(text)
+    raise InputError(
+        f"bad cluster spec {spec!r}: expected NODESxGPUS (e.g. 64x8), 'alibaba', "
+        "or a node list .csv"
+    )
+
+
+# ---------------------------------------------------------------------------- workload
+
+
+def synthetic_count(trace: str) -> int | None:
+    """N for ``synthetic:N``, None for a file path."""
+    if not trace.startswith(SYNTHETIC_PREFIX):
+        return None
+    text = trace[len(SYNTHETIC_PREFIX) :]
+    if not text.isdigit() or int(text) < 1:
+        raise InputError(f"--trace {trace!r}: expected synthetic:N with N >= 1 jobs")
+    return int(text)
+
+
+def load_workload(
+    trace: str | Path,
+    fmt: str | None,
+    perf: PerformanceModel,
+    *,
+    seed: int = 0,
+    data_dir: str | Path | None = None,
+    skip_bad_rows: bool = False,
+    limit: int | None = None,
+    rate_per_h: float = 10.0,
+    mix: Mapping[str, float] | None = None,
+) -> Workload:
+    """Read (or, for ``synthetic:N``, generate) trace jobs and make them runnable."""
+    _check_mix(mix, perf)
+    count = synthetic_count(str(trace))
+    if count is not None:
+        n = count if limit is None else min(count, limit)
+        generated = _generate(n, seed, rate_per_h, mix)
+        note = f"synthetic: {n} jobs, Poisson arrivals at {rate_per_h:g}/h, seed {seed}"
+        return Workload(_materialize(generated, perf, seed, mix), [note])
+    if fmt is None:
+        raise InputError("--format is required with a trace file")
+    loaded: LoadedTrace = load_trace(
+        trace, fmt, skip_bad_rows=skip_bad_rows, data_dir=data_dir, limit=limit
+    )
+    return Workload(_materialize(loaded.jobs, perf, seed, mix), loaded.notes, loaded.skipped_rows)
+
+
+def _check_mix(mix: Mapping[str, float] | None, perf: PerformanceModel) -> None:
+    # checked here so the message names the mix, not the first job that drew the model
+    unknown = sorted(set(mix or ()) - set(perf.models()))
+    if unknown:
+        raise InputError(
+            f"the model mix names unknown model(s) {', '.join(unknown)}; "
+            f"valid models: {', '.join(sorted(perf.models()))}"
+        )
+
+
+def _generate(
+    n: int, seed: int, rate_per_h: float, mix: Mapping[str, float] | None
+) -> list[TraceJob]:
+    try:
+        return synthetic(n, seed=seed, arrival_rate_per_h=rate_per_h, mix=mix)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+
+
+def _materialize(
+    jobs: Sequence[TraceJob], perf: PerformanceModel, seed: int, mix: Mapping[str, float] | None
+) -> list[JobSpec]:
+    # materialize raises ValueError only for what the trace or mix says (unknown model)
+    try:
+        return materialize(jobs, perf, seed=seed, mix=mix)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+
+
+# ---------------------------------------------------------------------------- models
+
+
+def build_models(
+    data_dir: str | Path | None, prediction_error: float = 0.0, seed: int = 0
+) -> tuple[PerformanceModel, PerformanceModel | None]:
+    """Ground truth from ``data_dir`` (built-in profiles when None) and, when
+    ``prediction_error`` > 0, estimates that err by that log-normal sigma."""
+    if prediction_error < 0:
+        raise InputError(f"prediction error must be >= 0, got {prediction_error}")
+    try:
+        truth = load_performance_model(data_dir)
+    except (OSError, ValueError) as exc:  # missing data folder, malformed profile file
+        raise InputError(str(exc)) from None
+    if prediction_error == 0:
+        return truth, None  # the simulator then lets the policy see the truth
+    return truth, NoisyEstimates(truth, sigma=prediction_error, seed=seed)
+
+
+# ---------------------------------------------------------------------------- runs
+
+
+def check_policies(policy_names: Sequence[str]) -> list[str]:
+    """Validate names before any run starts, so a typo fails in seconds, not hours."""
+    for name in policy_names:
+        make_policy(name)  # raises UnknownPolicyError listing the valid names
+    names = [n.strip().lower() for n in policy_names] or list(POLICIES)
+    return list(dict.fromkeys(names))  # a policy named twice runs once
+
+
+def run_policies(
+    jobs: Sequence[JobSpec],
+    cluster: Cluster,
+    policy_names: Sequence[str],
+    truth: PerformanceModel,
+    estimates: PerformanceModel | None = None,
+    config: SimConfig | None = None,
+    progress_factory: ProgressFactory | None = None,
+) -> list[SimResult]:
+    """Simulate ``jobs`` under each policy (all of `POLICIES` when none are named).
+
+    ``progress_factory(policy, n_jobs)`` returns the progress callback for that run.
+    """
+    results = []
+    for name in check_policies(policy_names):
+        progress = progress_factory(name, len(jobs)) if progress_factory else None
+        results.append(
+            simulate(cluster, jobs, make_policy(name), truth, estimates, config, progress)
+        )
+    return results
