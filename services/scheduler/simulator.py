@@ -14,7 +14,7 @@ import math
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from libs.core.cluster import Cluster
 from libs.core.decision import Decision, Start
@@ -262,25 +262,12 @@ class Simulator:
         )
 
     def _running_view(self, job: SimJob) -> JobView:
-        spec = job.spec
-        return JobView(
-            job_id=spec.job_id,
-            submit_time=spec.submit_time,
-            model=spec.model,
-            gpus=spec.gpus,
-            batch_size=spec.batch_size,
-            est_remaining_s=job.remaining * job.est_iter,
-            attained_gpu_s=job.attained,
-            as_of=self.clock,
-            allow_sharing=spec.allow_sharing,
-            deadline=spec.deadline,
-            oracle_remaining_s=job.remaining * job.exclusive_iter,
+        return replace(
+            self._pending_view(job),
             state=JobState.RUNNING,
             gpu_ids=job.gpu_ids,
             accum_steps=job.accum,
             progress_rate=job.est_iter / job.iter_time,
-            queued_since=job.queued_since,
-            preemptions=job.preemptions,
         )
 
     def _settle(self, job: SimJob) -> None:
