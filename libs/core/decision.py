@@ -44,6 +44,3 @@ class Decision:
     @property
     def shared_pairs(self) -> tuple[tuple[str, str], ...]:
         return tuple((s.job_id, other) for s in self.starts for other in s.shares_with)
-
-    def started_ids(self) -> set[str]:
-        return {s.job_id for s in self.starts}

@@ -70,10 +70,6 @@ class JobView:
             return self.attained_gpu_s
         return self.attained_gpu_s + (now - self.as_of) * self.gpus
 
-    @property
-    def per_gpu_batch(self) -> float:
-        return self.batch_size / self.gpus
-
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -104,14 +100,6 @@ class Snapshot:
             self._by_id.update((j.job_id, j) for j in self.running)
             self._by_id.update((j.job_id, j) for j in self.pending)
         return self._by_id[job_id]
-
-    def residents(self) -> dict[int, list[JobView]]:
-        """Jobs on every occupied GPU index."""
-        out: dict[int, list[JobView]] = {}
-        for job in self.running:
-            for g in job.gpu_ids:
-                out.setdefault(g, []).append(job)
-        return out
 
     @classmethod
     def of_idle_cluster(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from libs.core.decision import Decision, Preempt, Start
 from libs.core.placement import FreeGpus
@@ -145,15 +145,7 @@ class Tiresias:
 
         decision = decide_by_rank(snapshot, rank, describe)
         wake = self._next_change(snapshot)
-        if wake is None:
-            return decision
-        return Decision(
-            starts=decision.starts,
-            preemptions=decision.preemptions,
-            reasons=decision.reasons,
-            default_reason=decision.default_reason,
-            wake_at=wake,
-        )
+        return decision if wake is None else replace(decision, wake_at=wake)
 
     def _next_change(self, snapshot: Snapshot) -> float | None:
         """When some job next changes queue: a runner crossing a threshold, a waiter promoted."""
