@@ -1,0 +1,1 @@
+"""Code every service shares: wire schemas, subjects, NATS plumbing, logging, config."""

@@ -1,0 +1,139 @@
+"""NATS connections and the JetStream streams and buckets every service relies on."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import nats
+import structlog
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import (
+    DiscardPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BadRequestError
+from nats.js.kv import KeyValue
+
+from libs.common import subjects
+
+log = structlog.get_logger("gpusched.bus")
+
+#: submissions older than this are gone from the stream; the KV record keeps the job
+STREAM_MAX_AGE_S = 7 * 24 * 3600
+#: duplicate window for Nats-Msg-Id (idempotent submission)
+DUPLICATE_WINDOW_S = 24 * 3600
+
+
+async def connect(
+    url: str, name: str, first_connect_s: float = 30.0, **options: Any
+) -> Client:
+    """A client that reconnects forever: a NATS restart is a pause, not a crash."""
+
+    async def disconnected() -> None:
+        log.warning("nats disconnected", client=name)
+
+    async def reconnected() -> None:
+        log.info("nats reconnected", client=name)
+
+    async def error(exc: Exception) -> None:
+        log.debug("nats error", client=name, error=str(exc))
+
+    settings: dict[str, Any] = {
+        "servers": [url],
+        "name": name,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 0.25,
+        "connect_timeout": 2,
+        "allow_reconnect": True,
+        "disconnected_cb": disconnected,
+        "reconnected_cb": reconnected,
+        "error_cb": error,
+    }
+    settings.update(options)
+    # a server that is still starting (or restarting) must not fail the service
+    deadline = asyncio.get_running_loop().time() + first_connect_s
+    while True:
+        try:
+            return await nats.connect(**settings)
+        except Exception as exc:
+            if asyncio.get_running_loop().time() > deadline:
+                raise ConnectionError(f"cannot reach NATS at {url}: {exc}") from exc
+            log.warning("nats not reachable yet", client=name, url=url, error=str(exc))
+            await asyncio.sleep(0.5)
+
+
+@contextlib.asynccontextmanager
+async def connection(url: str, name: str, **options: Any) -> AsyncIterator[Client]:
+    """A connection drained (pending messages flushed) when the block exits."""
+    nc = await connect(url, name, **options)
+    try:
+        yield nc
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(nc.drain(), timeout=5)
+        if not nc.is_closed:
+            await nc.close()
+
+
+async def _stream(js: JetStreamContext, config: StreamConfig) -> None:
+    try:
+        await js.add_stream(config)
+    except BadRequestError:
+        await js.update_stream(config)
+
+
+async def _bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+    try:
+        return await js.key_value(config.bucket)
+    except Exception:
+        return await js.create_key_value(config)
+
+
+class Stores:
+    """The JetStream objects of gpusched, created on first use by whichever service
+    starts first (creation is idempotent)."""
+
+    def __init__(self, js: JetStreamContext, jobs: KeyValue, nodes: KeyValue, lease: KeyValue):
+        self.js = js
+        self.jobs = jobs
+        self.nodes = nodes
+        self.lease = lease
+
+    @classmethod
+    async def open(cls, nc: Client, lease_ttl_s: float = 3.0) -> Stores:
+        js = nc.jetstream(timeout=5)
+        await _stream(
+            js,
+            StreamConfig(
+                name=subjects.JOBS_STREAM,
+                subjects=list(subjects.JOBS_STREAM_SUBJECTS),
+                retention=RetentionPolicy.LIMITS,
+                storage=StorageType.FILE,
+                discard=DiscardPolicy.OLD,
+                max_age=STREAM_MAX_AGE_S,
+                duplicate_window=DUPLICATE_WINDOW_S,
+            ),
+        )
+        jobs = await _bucket(
+            js, KeyValueConfig(bucket=subjects.JOBS_BUCKET, history=1, storage=StorageType.FILE)
+        )
+        nodes = await _bucket(
+            js, KeyValueConfig(bucket=subjects.NODES_BUCKET, history=1, storage=StorageType.FILE)
+        )
+        lease = await _bucket(
+            js,
+            KeyValueConfig(
+                bucket=subjects.LEASE_BUCKET,
+                history=1,
+                ttl=lease_ttl_s,
+                storage=StorageType.MEMORY,
+            ),
+        )
+        return cls(js, jobs, nodes, lease)

@@ -1,0 +1,305 @@
+"""Everything that crosses the wire, as msgspec structs.
+
+MessagePack on NATS, JSON on HTTP. Every NATS message carries ``Content-Type:
+application/msgpack`` and ``Gpusched-Schema: <SCHEMA_VERSION>`` headers (see ``codec``).
+Validation constraints live on the types, so a decode error names the bad field.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import Annotated, Literal
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+#: ids travel inside subjects, so they may hold no dots, spaces or wildcards
+IdStr = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+Label = Annotated[str, msgspec.Meta(max_length=256)]
+
+
+class JobState(enum.StrEnum):
+    QUEUED = "QUEUED"
+    RUNNING = "RUNNING"
+    PREEMPTED = "PREEMPTED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+    @property
+    def waiting(self) -> bool:
+        return self in (JobState.QUEUED, JobState.PREEMPTED)
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a user submits. ``iterations`` or ``epochs`` (with ``dataset_size``) says how
+    long the job runs; ``command`` replaces the built-in training worker."""
+
+    name: Name
+    model: Name
+    gpus: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 1
+    batch_size: Annotated[int, msgspec.Meta(ge=1, le=1_048_576)]
+    iterations: Annotated[int, msgspec.Meta(ge=1, le=1_000_000_000)] | None = None
+    epochs: Annotated[float, msgspec.Meta(gt=0, le=100_000)] | None = None
+    dataset_size: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    command: Annotated[list[Label], msgspec.Meta(min_length=1, max_length=256)] | None = None
+    priority: Annotated[int, msgspec.Meta(ge=-1000, le=1000)] = 0
+    #: seconds since the epoch
+    deadline: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    allow_sharing: bool = True
+    labels: Annotated[dict[Label, Label], msgspec.Meta(max_length=64)] = {}
+    data_parallel: PositiveInt | None = None
+    tensor_parallel: PositiveInt = 1
+    pipeline_parallel: PositiveInt = 1
+    min_batch_size: PositiveInt | None = None
+    max_batch_size: PositiveInt | None = None
+    cpus_per_gpu: Annotated[float, msgspec.Meta(gt=0, le=1024)] | None = None
+    mem_gb_per_gpu: Annotated[float, msgspec.Meta(gt=0, le=65536)] | None = None
+    max_retries: Annotated[int, msgspec.Meta(ge=0, le=100)] = 2
+    checkpoint_every: Annotated[int, msgspec.Meta(ge=1)] = 50
+
+
+class StateChange(msgspec.Struct, frozen=True):
+    state: JobState
+    at: float
+    reason: str = ""
+
+
+class Placement(msgspec.Struct, frozen=True):
+    node: str
+    #: GPU indices on that node
+    gpus: list[int]
+
+
+class Progress(msgspec.Struct, frozen=True):
+    iteration: int = 0
+    samples_per_s: float = 0.0
+    loss: float | None = None
+    gpu_mem_mb: float = 0.0
+    at: float = 0.0
+
+
+class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """The stored truth about one job (KV bucket ``JOBS_BUCKET``, key = job id)."""
+
+    id: IdStr
+    tenant: str
+    spec: JobSpec
+    #: iterations the job runs (from ``iterations`` or ``epochs``)
+    total_iterations: int
+    state: JobState = JobState.QUEUED
+    submitted_at: float
+    history: list[StateChange] = []
+    pending_reason: str = ""
+    placement: list[Placement] = []
+    accum_steps: int = 1
+    shares_with: list[str] = []
+    progress: Progress = Progress()
+    attempts: int = 0
+    preemptions: int = 0
+    exit_code: int | None = None
+    error: str = ""
+    #: bumped on every start, so a stale exit report from an earlier run is ignored
+    run_id: int = 0
+
+
+class GpuInfo(msgspec.Struct, frozen=True):
+    index: int
+    uuid: str
+    model: str
+    memory_mb: int
+
+
+class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A node agent's registration (KV bucket ``NODES_BUCKET``, key = node name)."""
+
+    name: IdStr
+    gpus: list[GpuInfo]
+    cpus: int
+    host_mem_gb: float
+    net_gbps: float = 100.0
+    emulated: bool = True
+    started_at: float = 0.0
+
+
+class RunningJob(msgspec.Struct, frozen=True):
+    job_id: str
+    run_id: int
+    progress: Progress
+
+
+class JobProgressEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """``gpusched.job.<id>.progress``, about once a second while a job runs: the
+    measured speed with the context the predictor needs to learn from it."""
+
+    job_id: str
+    run_id: int
+    node: str
+    model: str
+    batch_size: int
+    gpus: int
+    nodes: int = 1
+    accum_steps: int = 1
+    co_runners: list[str] = []
+    #: seconds per iteration measured over the last interval (None until known)
+    iteration_s: float | None = None
+    progress: Progress
+
+
+class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
+    """Sent by every agent each second: what really runs there."""
+
+    node: str
+    at: float
+    running: list[RunningJob] = []
+
+
+class GpuTelemetry(msgspec.Struct, frozen=True, kw_only=True):
+    """One GPU's sample, fields named as NVIDIA's DCGM exporter names them."""
+
+    index: int
+    uuid: str
+    util: float = msgspec.field(name="DCGM_FI_DEV_GPU_UTIL")
+    fb_used_mib: float = msgspec.field(name="DCGM_FI_DEV_FB_USED")
+    fb_free_mib: float = msgspec.field(name="DCGM_FI_DEV_FB_FREE")
+    power_w: float = msgspec.field(name="DCGM_FI_DEV_POWER_USAGE")
+    temp_c: float = msgspec.field(name="DCGM_FI_DEV_GPU_TEMP")
+
+
+class Telemetry(msgspec.Struct, frozen=True, kw_only=True):
+    node: str
+    at: float
+    gpus: list[GpuTelemetry] = []
+    jobs: list[RunningJob] = []
+
+
+# ---- commands: scheduler -> node agent (request/reply) ------------------------------
+
+
+class StartJob(msgspec.Struct, frozen=True, kw_only=True, tag="start"):
+    job_id: str
+    run_id: int
+    spec: JobSpec
+    total_iterations: int
+    #: GPU indices on the receiving node
+    gpus: list[int]
+    accum_steps: int = 1
+    co_runners: list[str] = []
+    #: iteration to resume from (the last checkpoint the scheduler knows of)
+    resume_iteration: int = 0
+    #: how many nodes the whole job spans; the part with ``leader`` reports progress
+    #: and the exit, the others hold their GPUs until stopped
+    nodes: int = 1
+    leader: bool = True
+    #: overrides the agent's ground truth for a simulated job: seconds per iteration
+    emulated_iteration_s: float | None = None
+
+
+class StopJob(msgspec.Struct, frozen=True, kw_only=True, tag="stop"):
+    job_id: str
+    run_id: int
+    #: preempt: checkpoint first; cancel: just stop
+    reason: Literal["preempt", "cancel", "lost"] = "cancel"
+
+
+Command = StartJob | StopJob
+
+
+class CommandReply(msgspec.Struct, frozen=True):
+    ok: bool
+    error: str = ""
+
+
+class JobExit(msgspec.Struct, frozen=True, kw_only=True):
+    """Published durably by an agent when a job's process ends."""
+
+    job_id: str
+    run_id: int
+    node: str
+    outcome: Literal["succeeded", "failed", "stopped"]
+    exit_code: int | None = None
+    iteration: int = 0
+    stderr_tail: str = ""
+    at: float
+
+
+class CancelRequest(msgspec.Struct, frozen=True):
+    job_id: str
+    tenant: str
+    at: float
+
+
+class JobSubmitted(msgspec.Struct, frozen=True):
+    job_id: str
+    at: float
+
+
+class JobStateEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """``gpusched.job.<id>.state``: every transition and every new pending reason."""
+
+    job_id: str
+    state: JobState
+    at: float
+    reason: str = ""
+    placement: list[Placement] = []
+
+
+class DecisionSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """``gpusched.scheduler.<instance>.decision``: what one scheduling round did."""
+
+    at: float
+    policy: str
+    started: list[str] = []
+    preempted: list[str] = []
+    pending: int = 0
+    decide_ms: float = 0.0
+
+
+class Lease(msgspec.Struct, frozen=True):
+    holder: str
+    at: float
+
+
+# ---- predictor -----------------------------------------------------------------------
+
+
+class PredictRequest(msgspec.Struct, frozen=True, kw_only=True):
+    model: Name
+    batch_size: PositiveInt
+    gpus: PositiveInt = 1
+    nodes: PositiveInt = 1
+    accum_steps: PositiveInt = 1
+    cpus_per_gpu: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    mem_gb_per_gpu: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    iterations: PositiveInt | None = None
+    partner: Name | None = None
+    partner_batch_size: PositiveInt | None = None
+    partner_gpus: PositiveInt = 1
+    partner_accum_steps: PositiveInt = 1
+
+
+class Prediction(msgspec.Struct, frozen=True, kw_only=True):
+    model: str
+    #: what was predicted: "iterations", "throughput" or "slowdown"
+    kind: str
+    value: float
+    #: seconds per iteration behind a throughput answer
+    iteration_s: float | None = None
+    samples_per_s: float | None = None
+    #: "profile", or "profile+history" once measurements corrected it
+    source: str = "profile"
+
+
+def now() -> float:
+    return time.time()

@@ -1,0 +1,79 @@
+"""Every NATS subject, stream and bucket name, as pure builders.
+
+Subjects follow ``gpusched.<area>.<id>.<event>`` with dot-free ids, so
+``gpusched.job.*.state`` or ``gpusched.node.*.telemetry`` can be tapped directly.
+docs/subjects.md lists them all with their payloads.
+"""
+
+from __future__ import annotations
+
+PREFIX = "gpusched"
+
+#: JetStream stream holding durable work for the scheduler: submissions, cancels, exits
+JOBS_STREAM = "GPUSCHED_JOBS"
+JOBS_STREAM_SUBJECTS = (
+    f"{PREFIX}.job.*.submitted",
+    f"{PREFIX}.job.*.cancel",
+    f"{PREFIX}.job.*.exit",
+)
+SCHEDULER_CONSUMER = "scheduler"
+
+JOBS_BUCKET = "gpusched_jobs"
+NODES_BUCKET = "gpusched_nodes"
+LEASE_BUCKET = "gpusched_lease"
+SCHEDULER_LEASE_KEY = "scheduler"
+
+
+def _id(value: str) -> str:
+    if not value or any(c in value for c in ".*> \t\r\n"):
+        raise ValueError(f"id {value!r} may not be empty or hold dots, spaces or wildcards")
+    return value
+
+
+def job_submitted(job_id: str) -> str:
+    return f"{PREFIX}.job.{_id(job_id)}.submitted"
+
+
+def job_cancel(job_id: str) -> str:
+    return f"{PREFIX}.job.{_id(job_id)}.cancel"
+
+
+def job_exit(job_id: str) -> str:
+    return f"{PREFIX}.job.{_id(job_id)}.exit"
+
+
+def job_state(job_id: str) -> str:
+    return f"{PREFIX}.job.{_id(job_id)}.state"
+
+
+def job_progress(job_id: str) -> str:
+    return f"{PREFIX}.job.{_id(job_id)}.progress"
+
+
+def node_command(node: str) -> str:
+    return f"{PREFIX}.node.{_id(node)}.command"
+
+
+def node_heartbeat(node: str) -> str:
+    return f"{PREFIX}.node.{_id(node)}.heartbeat"
+
+
+def node_telemetry(node: str) -> str:
+    return f"{PREFIX}.node.{_id(node)}.telemetry"
+
+
+def scheduler_decision(instance: str) -> str:
+    return f"{PREFIX}.scheduler.{_id(instance)}.decision"
+
+
+#: predictor endpoints (NATS micro, group ``gpusched.predictor``)
+PREDICTOR_GROUP = f"{PREFIX}.predictor"
+PREDICT_ITERATIONS = f"{PREDICTOR_GROUP}.iterations"
+PREDICT_THROUGHPUT = f"{PREDICTOR_GROUP}.throughput"
+PREDICT_SLOWDOWN = f"{PREDICTOR_GROUP}.slowdown"
+
+ALL_JOB_STATES = f"{PREFIX}.job.*.state"
+ALL_JOB_PROGRESS = f"{PREFIX}.job.*.progress"
+ALL_HEARTBEATS = f"{PREFIX}.node.*.heartbeat"
+ALL_TELEMETRY = f"{PREFIX}.node.*.telemetry"
+EVERYTHING = f"{PREFIX}.>"
