@@ -24,6 +24,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from libs.cli.live import register as register_live_commands
 from libs.core.perf import UnknownModelError
 from libs.core.traces import TraceError
 from libs.core.workload import parse_mix
@@ -278,6 +279,9 @@ def _progress_bars(console: Console) -> Iterator[ProgressFactory | None]:
 def _fail(console: Console, message: str, code: int = USAGE_EXIT) -> NoReturn:
     console.print(Text.assemble(("error: ", "bold red"), message), soft_wrap=True)
     raise typer.Exit(code)
+
+
+register_live_commands(app)
 
 
 def main() -> None:

@@ -133,7 +133,7 @@ class Stores:
                 bucket=subjects.LEASE_BUCKET,
                 history=1,
                 ttl=lease_ttl_s,
-                storage=StorageType.MEMORY,
+                storage=StorageType.FILE,
             ),
         )
         return cls(js, jobs, nodes, lease)

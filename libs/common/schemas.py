@@ -112,6 +112,8 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     error: str = ""
     #: bumped on every start, so a stale exit report from an earlier run is ignored
     run_id: int = 0
+    #: a cancel was asked for while the job ran; it ends CANCELLED once stopped
+    cancel_requested: bool = False
 
 
 class GpuInfo(msgspec.Struct, frozen=True):

@@ -1,0 +1,94 @@
+"""Where the CLI finds a running cluster, and a small HTTP client for its API."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+
+def state_dir() -> Path:
+    explicit = os.environ.get("GPUSCHED_STATE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "gpusched"
+
+
+def up_file() -> Path:
+    """Written by ``gpusched up``: the API address, a token and the NATS URL."""
+    return state_dir() / "up.json"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    url: str
+    token: str
+    nats_url: str
+
+    @classmethod
+    def resolve(cls, url: str | None, token: str | None, nats_url: str | None = None) -> Endpoint:
+        saved: dict[str, str] = {}
+        path = up_file()
+        if path.exists():
+            try:
+                saved = json.loads(path.read_text())
+            except (OSError, ValueError):
+                saved = {}
+        return cls(
+            url=(url or os.environ.get("GPUSCHED_URL") or saved.get("url")
+                 or "http://127.0.0.1:8080").rstrip("/"),
+            token=token or os.environ.get("GPUSCHED_TOKEN") or saved.get("token") or "",
+            nats_url=nats_url or os.environ.get("NATS_URL") or saved.get("nats_url")
+            or "nats://127.0.0.1:4222",
+        )
+
+
+class ApiError(Exception):
+    """A problem+json answer, or no answer at all."""
+
+    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.field = field
+
+    def __str__(self) -> str:
+        where = f"field {self.field}: " if self.field else ""
+        return f"{where}{self.args[0]} (HTTP {self.status})" if self.status else self.args[0]
+
+
+async def call(
+    endpoint: Endpoint,
+    method: str,
+    path: str,
+    *,
+    body: bytes | None = None,
+    content_type: str = "application/json",
+    params: dict[str, str] | None = None,
+) -> Any:
+    headers = {"Accept": "application/json"}
+    if endpoint.token:
+        headers["Authorization"] = f"Bearer {endpoint.token}"
+    if body is not None:
+        headers["Content-Type"] = content_type
+    try:
+        async with aiohttp.ClientSession() as session, session.request(
+            method, endpoint.url + path, data=body, headers=headers, params=params,
+            timeout=aiohttp.ClientTimeout(total=30),
+        ) as response:
+            text = await response.text()
+            payload: Any = json.loads(text) if text else None
+            if response.status >= 400:
+                detail = payload if isinstance(payload, dict) else {}
+                raise ApiError(
+                    response.status,
+                    str(detail.get("detail") or detail.get("title") or text or response.reason),
+                    detail.get("field"),
+                )
+            return payload
+    except aiohttp.ClientConnectionError as exc:
+        raise ApiError(0, f"cannot reach the gpusched API at {endpoint.url}: {exc}") from exc

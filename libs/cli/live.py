@@ -1,0 +1,246 @@
+"""CLI commands that talk to a running cluster: submit, jobs, job, cancel, tap, decode."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from libs.cli.client import ApiError, Endpoint, call
+from libs.common import codec, subjects
+
+UrlOption = Annotated[
+    str | None, typer.Option("--url", help="API address (default: GPUSCHED_URL or `up`'s).")
+]
+TokenOption = Annotated[
+    str | None, typer.Option("--token", help="Bearer token (default: GPUSCHED_TOKEN or `up`'s).")
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print the raw JSON answer.")]
+
+
+def _run(coro: Any) -> Any:
+    err = Console(stderr=True)
+    try:
+        return asyncio.run(coro)
+    except ApiError as exc:
+        err.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
+        raise typer.Exit(2 if 400 <= exc.status < 500 else 1) from None
+
+
+def _spec_from_flags(
+    name: str | None, model: str | None, gpus: int, batch_size: int | None,
+    iterations: int | None, epochs: float | None, dataset_size: int | None,
+    command: str | None, priority: int, no_sharing: bool, label: list[str] | None,
+) -> dict[str, Any]:
+    missing = [flag for flag, value in (("--model", model), ("--batch-size", batch_size))
+               if value is None]
+    if missing:
+        raise typer.BadParameter(f"{' and '.join(missing)} needed when no FILE is given")
+    spec: dict[str, Any] = {
+        "name": name or model, "model": model, "gpus": gpus, "batch_size": batch_size,
+        "priority": priority, "allow_sharing": not no_sharing,
+    }
+    optional = {"iterations": iterations, "epochs": epochs, "dataset_size": dataset_size}
+    spec.update({k: v for k, v in optional.items() if v is not None})
+    if command:
+        spec["command"] = shlex.split(command)
+    labels = {}
+    for item in label or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"--label {item!r}: expected KEY=VALUE")
+        labels[key] = value
+    if labels:
+        spec["labels"] = labels
+    return spec
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def submit(
+        file: Annotated[
+            Path | None, typer.Argument(help="Job spec, JSON or YAML ('-' reads stdin).")
+        ] = None,
+        name: Annotated[str | None, typer.Option(help="Job name (default: the model).")] = None,
+        model: Annotated[str | None, typer.Option(help="Model profile, e.g. resnet50.")] = None,
+        gpus: Annotated[int, typer.Option(help="GPUs the job needs.")] = 1,
+        batch_size: Annotated[int | None, typer.Option(help="Global batch size.")] = None,
+        iterations: Annotated[int | None, typer.Option(help="Iterations to run.")] = None,
+        epochs: Annotated[float | None, typer.Option(help="Epochs (with --dataset-size).")] = None,
+        dataset_size: Annotated[int | None, typer.Option(help="Samples per epoch.")] = None,
+        command: Annotated[
+            str | None, typer.Option(help="Your own training command instead of the worker.")
+        ] = None,
+        priority: Annotated[int, typer.Option(help="Higher runs first where policies care.")] = 0,
+        no_sharing: Annotated[bool, typer.Option(help="Never share this job's GPUs.")] = False,
+        label: Annotated[list[str] | None, typer.Option(help="KEY=VALUE, repeatable.")] = None,
+        idempotency_key: Annotated[
+            str | None, typer.Option(help="Retrying with the same key creates one job.")
+        ] = None,
+        url: UrlOption = None,
+        token: TokenOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Submit a training job from a spec file or from flags; prints its id."""
+        endpoint = Endpoint.resolve(url, token)
+        if file is not None:
+            text = sys.stdin.read() if str(file) == "-" else _read(file)
+            yaml_like = file.suffix.lower() in (".yaml", ".yml") or not text.lstrip().startswith(
+                "{"
+            )
+            body, content_type = text.encode(), (
+                "application/yaml" if yaml_like else "application/json"
+            )
+        else:
+            spec = _spec_from_flags(name, model, gpus, batch_size, iterations, epochs,
+                                    dataset_size, command, priority, no_sharing, label)
+            body, content_type = json.dumps(spec).encode(), "application/json"
+
+        async def go() -> Any:
+            return await _submit(endpoint, body, content_type, idempotency_key)
+
+        record = _run(go())
+        if as_json:
+            print(json.dumps(record, indent=2))
+        else:
+            print(_job_id(record))
+
+    @app.command()
+    def jobs(
+        state: Annotated[str | None, typer.Option(help="Only jobs in this state.")] = None,
+        limit: Annotated[int, typer.Option(help="At most this many jobs.")] = 100,
+        url: UrlOption = None,
+        token: TokenOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """List your jobs with their state and why they wait."""
+        endpoint = Endpoint.resolve(url, token)
+        params = {"limit": str(limit)}
+        if state:
+            params["state"] = state.upper()
+        answer = _run(call(endpoint, "GET", "/v1/jobs", params=params))
+        listed = answer.get("jobs", []) if isinstance(answer, dict) else []
+        if as_json:
+            print(json.dumps(answer, indent=2))
+            return
+        table = Table("id", "name", "model", "gpus", "state", "progress", "placement / reason")
+        for job in listed:
+            table.add_row(*_job_row(job))
+        Console().print(table)
+
+    @app.command()
+    def job(
+        job_id: Annotated[str, typer.Argument(help="The job id.")],
+        url: UrlOption = None,
+        token: TokenOption = None,
+    ) -> None:
+        """Show one job: state history, placement, progress and why it waits."""
+        endpoint = Endpoint.resolve(url, token)
+        print(json.dumps(_run(call(endpoint, "GET", f"/v1/jobs/{job_id}")), indent=2))
+
+    @app.command()
+    def cancel(
+        job_id: Annotated[str, typer.Argument(help="The job id.")],
+        url: UrlOption = None,
+        token: TokenOption = None,
+    ) -> None:
+        """Cancel a job: a queued job ends at once, a running one once stopped."""
+        endpoint = Endpoint.resolve(url, token)
+        record = _run(call(endpoint, "DELETE", f"/v1/jobs/{job_id}"))
+        print(f"{_job_id(record) or job_id}: cancel requested")
+
+    @app.command()
+    def tap(
+        subject: Annotated[
+            str, typer.Argument(help="Subject to watch, e.g. 'gpusched.job.*.state'.")
+        ] = subjects.EVERYTHING,
+        nats_url: Annotated[str | None, typer.Option(help="Default: NATS_URL or `up`'s.")] = None,
+        count: Annotated[int, typer.Option(help="Stop after this many messages (0: never).")] = 0,
+    ) -> None:
+        """Print live messages on a subject as JSON lines, decoded from MessagePack."""
+        endpoint = Endpoint.resolve(None, None, nats_url)
+        try:
+            asyncio.run(_tap(endpoint.nats_url, subject, count))
+        except KeyboardInterrupt:
+            pass
+        except (ConnectionError, OSError) as exc:
+            Console(stderr=True).print(f"[bold red]error:[/] {exc}")
+            raise typer.Exit(1) from None
+
+    @app.command()
+    def decode() -> None:
+        """Read MessagePack from stdin, print JSON (for `nats sub --translate`)."""
+        data = sys.stdin.buffer.read()
+        print(codec.to_json_text(data))
+
+
+def _read(file: Path) -> str:
+    try:
+        return file.read_text()
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot read {file}: {exc.strerror}") from None
+
+
+async def _submit(
+    endpoint: Endpoint, body: bytes, content_type: str, idempotency_key: str | None
+) -> Any:
+    if idempotency_key:
+        import aiohttp
+
+        headers = {"Content-Type": content_type, "Idempotency-Key": idempotency_key}
+        if endpoint.token:
+            headers["Authorization"] = f"Bearer {endpoint.token}"
+        async with aiohttp.ClientSession() as session, session.post(
+            endpoint.url + "/v1/jobs", data=body, headers=headers
+        ) as response:
+            payload = await response.json(content_type=None)
+            if response.status >= 400:
+                raise ApiError(response.status, str(payload.get("detail")), payload.get("field"))
+            return payload
+    return await call(endpoint, "POST", "/v1/jobs", body=body, content_type=content_type)
+
+
+def _job_id(record: Any) -> str:
+    if isinstance(record, dict):
+        return str(record.get("id") or record.get("job", {}).get("id", ""))
+    return ""
+
+
+def _job_row(job: dict[str, Any]) -> tuple[str, ...]:
+    spec = job.get("spec", {})
+    progress = job.get("progress", {}) or {}
+    total = job.get("total_iterations") or 0
+    done = progress.get("iteration", 0)
+    placement = ", ".join(
+        f"{p['node']}:{','.join(map(str, p['gpus']))}" for p in job.get("placement", [])
+    )
+    return (
+        str(job.get("id", "")), str(spec.get("name", "")), str(spec.get("model", "")),
+        str(spec.get("gpus", "")), str(job.get("state", "")),
+        f"{done}/{total}" if total else "", placement or str(job.get("pending_reason", "")),
+    )
+
+
+async def _tap(nats_url: str, subject: str, count: int) -> None:
+    from libs.common.bus import connection
+
+    seen = 0
+    done = asyncio.Event()
+    async with connection(nats_url, "gpusched-tap", first_connect_s=5) as nc:
+
+        async def show(msg: Any) -> None:
+            nonlocal seen
+            print(f"{msg.subject} {codec.to_json_text(msg.data)}", flush=True)
+            seen += 1
+            if count and seen >= count:
+                done.set()
+
+        await nc.subscribe(subject, cb=show)
+        await done.wait()

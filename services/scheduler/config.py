@@ -1,0 +1,75 @@
+"""The live scheduler's settings, validated when built."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.scheduler.policies import POLICIES, UnknownPolicyError
+
+
+def default_instance() -> str:
+    host = "".join(c if c.isalnum() or c in "-_" else "-" for c in socket.gethostname())
+    return f"{host or 'scheduler'}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    nats_url: str
+    policy: str = "sjf-bsbf"
+    #: this instance's name in the lease and in decision subjects
+    instance: str = field(default_factory=default_instance)
+    #: a leader that stops renewing loses the lease after this long
+    lease_ttl_s: float = 3.0
+    lease_renew_s: float = 1.0
+    #: a round runs at least this often even when nothing happens
+    decide_every_s: float = 1.0
+    command_timeout_s: float = 2.0
+    command_retries: int = 3
+    #: a node silent for this long is lost and its jobs are requeued
+    node_timeout_s: float = 5.0
+    #: a job its node stops reporting for this long is treated as gone
+    missing_job_grace_s: float = 5.0
+    #: first retry delay after a failed run; doubles per failure
+    retry_backoff_s: float = 1.0
+    retry_backoff_max_s: float = 60.0
+    #: at most one progress write to a job's record this often
+    progress_write_s: float = 5.0
+    #: wall seconds per ground-truth second (emulated clusters run faster than real time)
+    time_scale: float = 1.0
+    data_dir: Path | None = None
+    predictor_timeout_s: float = 0.3
+
+    def __post_init__(self) -> None:
+        if not self.nats_url:
+            raise ValueError("nats_url: required")
+        if self.policy.strip().lower() not in POLICIES:
+            raise UnknownPolicyError(self.policy)
+        if not self.instance or any(c in self.instance for c in ".*> "):
+            raise ValueError(f"instance: {self.instance!r} may not hold dots, spaces or wildcards")
+        for name in (
+            "lease_ttl_s", "lease_renew_s", "decide_every_s", "command_timeout_s",
+            "node_timeout_s", "missing_job_grace_s", "retry_backoff_s", "retry_backoff_max_s",
+            "progress_write_s", "time_scale", "predictor_timeout_s",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
+        if self.lease_renew_s >= self.lease_ttl_s:
+            raise ValueError("lease_renew_s: must be shorter than lease_ttl_s")
+        if self.command_retries < 1:
+            raise ValueError("command_retries: must be >= 1")
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> SchedulerConfig:
+        env = os.environ
+        values: dict[str, object] = {"nats_url": env.get("NATS_URL", "nats://127.0.0.1:4222")}
+        if "GPUSCHED_POLICY" in env:
+            values["policy"] = env["GPUSCHED_POLICY"]
+        if "GPUSCHED_TIME_SCALE" in env:
+            values["time_scale"] = float(env["GPUSCHED_TIME_SCALE"])
+        if env.get("GPUSCHED_DATA_DIR"):
+            values["data_dir"] = Path(env["GPUSCHED_DATA_DIR"])
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)  # type: ignore[arg-type]

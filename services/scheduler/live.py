@@ -1,0 +1,742 @@
+"""The live scheduler: the simulator's policies driven by NATS instead of a virtual clock.
+
+One instance leads (it holds the KV lease); the others wait as hot standbys. The leader
+keeps its picture of the cluster in one actor (``LiveScheduler``): job records from KV,
+nodes from their registrations and heartbeats. Each round it builds a frozen snapshot,
+asks the policy, and applies the decision by request/reply commands to node agents.
+Durable inputs (submissions, cancels, exits) come from a JetStream pull consumer and are
+acknowledged only once handled, so a crash of the leader loses none of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import structlog
+from msgspec.structs import replace
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+
+from libs.common import codec, subjects
+from libs.common.actor import Actor
+from libs.common.bus import Stores, connection
+from libs.common.schemas import (
+    CancelRequest,
+    CommandReply,
+    DecisionSummary,
+    Heartbeat,
+    JobExit,
+    JobProgressEvent,
+    JobRecord,
+    JobState,
+    JobStateEvent,
+    NodeInfo,
+    Placement,
+    Prediction,
+    PredictRequest,
+    Progress,
+    StartJob,
+    StateChange,
+    StopJob,
+)
+from libs.core.decision import Start
+from libs.core.groundtruth import load_performance_model
+from libs.core.perf import PerformanceModel, UnknownModelError
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.lease import LeaderLease
+from services.scheduler.policies import make_policy
+from services.scheduler.state import (
+    Layout,
+    LiveJob,
+    LiveNode,
+    Phase,
+    ScaledModel,
+    build_snapshot,
+    consolidated_nodes,
+)
+
+log = structlog.get_logger("gpusched.scheduler")
+
+
+# ---- messages to the actor ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Durable:
+    """A message from the jobs stream; acknowledged once handled."""
+
+    msg: Msg
+
+
+@dataclass(frozen=True)
+class Beat:
+    heartbeat: Heartbeat
+
+
+@dataclass(frozen=True)
+class ProgressSeen:
+    event: JobProgressEvent
+
+
+@dataclass(frozen=True)
+class Round:
+    pass
+
+
+@dataclass(frozen=True)
+class Sweep:
+    pass
+
+
+@dataclass(frozen=True)
+class StartResult:
+    job_id: str
+    run_id: int
+    error: str
+
+
+@dataclass(frozen=True)
+class StopFailed:
+    job_id: str
+    run_id: int
+    error: str
+
+
+Message = Durable | Beat | ProgressSeen | Round | Sweep | StartResult | StopFailed
+
+
+class LiveScheduler(Actor[Message]):
+    name = "scheduler"
+
+    def __init__(self, config: SchedulerConfig, nc: Client, stores: Stores) -> None:
+        super().__init__()
+        self.config = config
+        self.nc = nc
+        self.stores = stores
+        self.policy = make_policy(config.policy)
+        truth: PerformanceModel = load_performance_model(config.data_dir)
+        self.estimates: PerformanceModel = ScaledModel(truth, config.time_scale)
+        self.jobs: dict[str, LiveJob] = {}
+        self.nodes: dict[str, LiveNode] = {}
+        self.layout: Layout | None = None
+        self.round_queued = False
+        self.rounds = 0
+        self.last_decide_ms = 0.0
+        self.wake_at: float | None = None
+        self.leading_since = time.time()
+
+    # ---- lifecycle ------------------------------------------------------------------
+    async def on_start(self) -> None:
+        await self._load_nodes()
+        await self._load_jobs()
+        self.every(self.config.decide_every_s, Round)
+        self.every(min(1.0, self.config.node_timeout_s / 3), Sweep)
+        self.log.info(
+            "leading", policy=self.policy.name, jobs=len(self.jobs), nodes=len(self.nodes)
+        )
+        self._request_round()
+
+    async def _load_nodes(self) -> None:
+        now = time.time()
+        for key in await _keys(self.stores.nodes):
+            with contextlib.suppress(KeyNotFoundError):
+                entry = await self.stores.nodes.get(key)
+                if entry.value:
+                    info = codec.decode(entry.value, NodeInfo)
+                    # a node gets a whole timeout to show it is alive after a takeover
+                    self.nodes[info.name] = LiveNode(info, last_beat=now)
+        self._relayout()
+
+    async def _load_jobs(self) -> None:
+        for key in await _keys(self.stores.jobs):
+            await self._adopt(key)
+
+    async def _adopt(self, job_id: str) -> LiveJob | None:
+        """Take a stored record into the picture (a submission, or state after takeover)."""
+        if job_id in self.jobs:
+            return self.jobs[job_id]
+        try:
+            entry = await self.stores.jobs.get(job_id)
+        except KeyNotFoundError:
+            return None
+        if not entry.value or entry.revision is None:
+            return None
+        record = codec.decode(entry.value, JobRecord)
+        if record.state.terminal:
+            return None
+        try:
+            est = await self._estimate_iteration_s(record)
+        except UnknownModelError as exc:
+            job = LiveJob(record, entry.revision, est_iteration_s=0.0)
+            self.jobs[job_id] = job
+            await self._finish(job, JobState.FAILED, str(exc))
+            return None
+        now = time.time()
+        job = LiveJob(
+            record,
+            entry.revision,
+            est_iteration_s=est,
+            queued_since=record.history[-1].at if record.history else record.submitted_at,
+            iteration=record.progress.iteration,
+            iteration_at=record.progress.at or now,
+            last_seen=now,
+        )
+        if record.state is JobState.RUNNING:
+            job.phase = Phase.STOPPING if record.cancel_requested else Phase.RUNNING
+            job.stop_reason = "cancel" if record.cancel_requested else ""
+        self.jobs[job_id] = job
+        return job
+
+    async def _estimate_iteration_s(self, record: JobRecord) -> float:
+        spec = record.spec
+        nodes = consolidated_nodes(spec.gpus, self.layout.cluster if self.layout else None)
+        request = PredictRequest(
+            model=spec.model,
+            batch_size=spec.batch_size,
+            gpus=spec.gpus,
+            nodes=nodes,
+            cpus_per_gpu=spec.cpus_per_gpu,
+            mem_gb_per_gpu=spec.mem_gb_per_gpu,
+        )
+        try:
+            reply = await self.nc.request(
+                subjects.PREDICT_THROUGHPUT,
+                codec.encode(request),
+                timeout=self.config.predictor_timeout_s,
+                headers=codec.headers(),
+            )
+            if not (reply.headers or {}).get("Nats-Service-Error"):
+                prediction = codec.decode(reply.data, Prediction)
+                if prediction.iteration_s:
+                    return prediction.iteration_s * self.config.time_scale
+        except Exception as exc:
+            self.log.debug("predictor unavailable; using local profiles", error=str(exc))
+        return self.estimates.iteration_time(spec.model, spec.batch_size, spec.gpus, nodes)
+
+    # ---- dispatch -------------------------------------------------------------------
+    async def handle(self, message: Message) -> None:
+        match message:
+            case Durable(msg):
+                await self._durable(msg)
+            case Beat(heartbeat):
+                await self._beat(heartbeat)
+            case ProgressSeen(event):
+                await self._progress(event)
+            case Round():
+                self.round_queued = False
+                await self._round()
+            case Sweep():
+                await self._sweep()
+            case StartResult():
+                await self._start_result(message)
+            case StopFailed():
+                self.log.warning("stop not confirmed", job_id=message.job_id, error=message.error)
+
+    def _request_round(self) -> None:
+        if not self.round_queued:
+            self.round_queued = True
+            self.tell(Round())
+
+    async def _durable(self, msg: Msg) -> None:
+        event = msg.subject.rsplit(".", 1)[-1]
+        try:
+            if event == "submitted":
+                job_id = msg.subject.split(".")[2]
+                if await self._adopt(job_id) is not None:
+                    self._request_round()
+            elif event == "cancel":
+                await self._cancel(codec.decode(msg.data, CancelRequest))
+            elif event == "exit":
+                await self._exit(codec.decode(msg.data, JobExit))
+        except msgspec.DecodeError as exc:
+            self.log.warning("dropping undecodable message", subject=msg.subject, error=str(exc))
+        await msg.ack()
+
+    # ---- records --------------------------------------------------------------------
+    async def _write(self, job: LiveJob, record: JobRecord) -> None:
+        """Compare-and-set the record; a conflict means a stale writer, and we win."""
+        data = codec.encode(record)
+        try:
+            job.revision = await self.stores.jobs.update(job.id, data, last=job.revision)
+        except KeyWrongLastSequenceError:
+            entry = await self.stores.jobs.get(job.id)
+            self.log.warning("record changed under us; overwriting", job_id=job.id)
+            job.revision = await self.stores.jobs.update(job.id, data, last=entry.revision)
+        job.record = record
+
+    async def _transition(
+        self, job: LiveJob, state: JobState, reason: str, **changes: Any
+    ) -> None:
+        now = time.time()
+        record = replace(
+            job.record,
+            state=state,
+            history=[*job.record.history, StateChange(state, now, reason)],
+            pending_reason=reason if state.waiting else "",
+            **changes,
+        )
+        await self._write(job, record)
+        await self._publish_state(job, reason)
+
+    async def _publish_state(self, job: LiveJob, reason: str) -> None:
+        event = JobStateEvent(
+            job_id=job.id,
+            state=job.record.state,
+            at=time.time(),
+            reason=reason,
+            placement=job.record.placement,
+        )
+        with contextlib.suppress(Exception):
+            await self.nc.publish(
+                subjects.job_state(job.id), codec.encode(event), headers=codec.headers()
+            )
+
+    async def _finish(self, job: LiveJob, state: JobState, reason: str, **changes: Any) -> None:
+        await self._transition(job, state, reason, **changes)
+        self.jobs.pop(job.id, None)
+        self._request_round()
+
+    async def _requeue(self, job: LiveJob, state: JobState, reason: str, **changes: Any) -> None:
+        job.phase = Phase.WAITING
+        job.stop_reason = ""
+        job.queued_since = time.time()
+        await self._transition(job, state, reason, placement=[], shares_with=[], **changes)
+        self._request_round()
+
+    # ---- inputs ---------------------------------------------------------------------
+    async def _cancel(self, request: CancelRequest) -> None:
+        job = self.jobs.get(request.job_id) or await self._adopt(request.job_id)
+        if job is None:
+            return
+        if job.phase == Phase.WAITING:
+            await self._finish(job, JobState.CANCELLED, "cancelled by the user")
+            return
+        if job.stop_reason == "cancel":
+            return
+        await self._write(job, replace(job.record, cancel_requested=True))
+        self._stop(job, "cancel")
+
+    async def _exit(self, exit: JobExit) -> None:
+        job = self.jobs.get(exit.job_id)
+        if job is None or exit.run_id != job.record.run_id or job.phase == Phase.WAITING:
+            return  # a report from an earlier run, or of a job already settled
+        log = self.log.bind(job_id=job.id, node=exit.node)
+        self._stop_followers(job, exit.node)
+        progress = replace(job.record.progress, iteration=exit.iteration, at=exit.at)
+        job.iteration, job.iteration_at = exit.iteration, time.time()
+        if exit.outcome == "succeeded":
+            log.info("job succeeded")
+            await self._finish(job, JobState.SUCCEEDED, "finished", progress=progress,
+                               exit_code=exit.exit_code)
+        elif job.stop_reason == "cancel" or job.record.cancel_requested:
+            await self._finish(job, JobState.CANCELLED, "cancelled by the user",
+                               progress=progress, placement=[])
+        elif exit.outcome == "stopped":
+            why = "preempted" if job.stop_reason == "preempt" else f"stopped on {exit.node}"
+            await self._requeue(job, JobState.PREEMPTED, why, progress=progress,
+                                preemptions=job.record.preemptions + 1)
+        else:
+            await self._failed(job, exit, progress)
+
+    async def _failed(self, job: LiveJob, exit: JobExit, progress: Progress) -> None:
+        attempts = job.record.attempts + 1
+        tail = exit.stderr_tail.strip()
+        what = f"exit code {exit.exit_code}" + (f": {tail[-300:]}" if tail else "")
+        if attempts > job.record.spec.max_retries:
+            self.log.warning("job failed", job_id=job.id, attempts=attempts)
+            await self._finish(
+                job, JobState.FAILED, f"failed after {attempts} attempts; {what}",
+                progress=progress, attempts=attempts, exit_code=exit.exit_code,
+                error=exit.stderr_tail, placement=[],
+            )
+            return
+        delay = min(self.config.retry_backoff_max_s,
+                    self.config.retry_backoff_s * 2 ** (attempts - 1))
+        job.not_before = time.time() + delay
+        await self._requeue(
+            job, JobState.QUEUED,
+            f"retry {attempts}/{job.record.spec.max_retries} in {delay:.0f} s after {what}",
+            progress=progress, attempts=attempts, exit_code=exit.exit_code,
+            error=exit.stderr_tail,
+        )
+
+    async def _progress(self, event: JobProgressEvent) -> None:
+        job = self.jobs.get(event.job_id)
+        if job is None or event.run_id != job.record.run_id:
+            return
+        job.iteration = event.progress.iteration
+        job.iteration_at = time.time()
+        job.last_seen = job.iteration_at
+        if job.iteration_at - job.last_progress_write >= self.config.progress_write_s:
+            job.last_progress_write = job.iteration_at
+            await self._write(job, replace(job.record, progress=event.progress))
+
+    async def _beat(self, beat: Heartbeat) -> None:
+        now = time.time()
+        node = self.nodes.get(beat.node)
+        if node is None:
+            with contextlib.suppress(KeyNotFoundError):
+                entry = await self.stores.nodes.get(beat.node)
+                if entry.value:
+                    node = LiveNode(codec.decode(entry.value, NodeInfo), last_beat=now)
+                    self.nodes[beat.node] = node
+                    self._relayout()
+                    self.log.info("node joined", node=beat.node)
+                    self._request_round()
+            if node is None:
+                return
+        node.last_beat = now
+        node.reported = {r.job_id: r.run_id for r in beat.running}
+        for running in beat.running:
+            job = self.jobs.get(running.job_id)
+            if job is not None and job.record.run_id == running.run_id and job.holds_gpus:
+                job.last_seen = now
+                continue
+            # the node runs something we did not start (or no longer want): truth wins,
+            # and what is not ours to run is stopped
+            self._send_stop(beat.node, running.job_id, running.run_id, "lost")
+
+    async def _sweep(self) -> None:
+        now = time.time()
+        await self._refresh_nodes()
+        lost = [n for n in self.nodes.values() if now - n.last_beat > self.config.node_timeout_s]
+        for node in lost:
+            self.log.warning("node lost: heartbeats stopped", node=node.name)
+            del self.nodes[node.name]
+        if lost:
+            self._relayout()
+        gone = {n.name for n in lost}
+        for job in list(self.jobs.values()):
+            if not job.holds_gpus:
+                if job.not_before and job.not_before <= now:
+                    job.not_before = 0.0
+                    self._request_round()
+                continue
+            nodes = {p.node for p in job.record.placement}
+            if nodes & gone or any(n not in self.nodes for n in nodes):
+                await self._lost(job, f"node {', '.join(sorted(nodes))} lost")
+            elif (
+                job.phase in (Phase.RUNNING, Phase.STOPPING)
+                and now - job.last_seen > self.config.missing_job_grace_s
+            ):
+                await self._lost(job, "its node no longer reports it running")
+        if self.wake_at is not None and now >= self.wake_at:
+            self.wake_at = None
+            self._request_round()
+
+    async def _refresh_nodes(self) -> None:
+        """Deregistered nodes leave at once rather than after a heartbeat timeout."""
+        try:
+            keys = set(await _keys(self.stores.nodes))
+        except Exception:
+            return
+        for name in [n for n in self.nodes if n not in keys]:
+            self.nodes[name].last_beat = 0.0
+
+    async def _lost(self, job: LiveJob, why: str) -> None:
+        for part in job.record.placement:
+            if part.node in self.nodes:
+                self._send_stop(part.node, job.id, job.record.run_id, "lost")
+        if job.record.cancel_requested:
+            await self._finish(job, JobState.CANCELLED, "cancelled by the user", placement=[])
+            return
+        self.log.warning("requeueing job", job_id=job.id, reason=why)
+        await self._requeue(job, JobState.QUEUED, f"requeued: {why}")
+
+    def _relayout(self) -> None:
+        self.layout = Layout.of([n.info for n in self.nodes.values()])
+
+    # ---- rounds ---------------------------------------------------------------------
+    async def _round(self) -> None:
+        if self.layout is None:
+            await self._explain_all("no nodes with GPUs have registered")
+            return
+        now = time.time()
+        started = time.perf_counter()
+        snapshot = build_snapshot(now, self.layout, self.jobs, self.estimates, self.policy)
+        if not snapshot.pending and not self.policy.preemptive:
+            return
+        decision = self.policy.decide(snapshot)
+        self.last_decide_ms = (time.perf_counter() - started) * 1000
+        self.rounds += 1
+        for preempt in decision.preemptions:
+            job = self.jobs.get(preempt.job_id)
+            if job is not None and job.phase == Phase.RUNNING:
+                self._stop(job, "preempt")
+        for start in decision.starts:
+            await self._start(start, snapshot.now)
+        started_ids = {s.job_id for s in decision.starts}
+        for view in snapshot.pending:
+            if view.job_id not in started_ids:
+                await self._explain(self.jobs[view.job_id], decision.why(view.job_id))
+        self.wake_at = decision.wake_at
+        if decision.starts or decision.preemptions:
+            summary = DecisionSummary(
+                at=now,
+                policy=self.policy.name,
+                started=sorted(started_ids),
+                preempted=[p.job_id for p in decision.preemptions],
+                pending=len(snapshot.pending) - len(started_ids),
+                decide_ms=self.last_decide_ms,
+            )
+            with contextlib.suppress(Exception):
+                await self.nc.publish(
+                    subjects.scheduler_decision(self.config.instance),
+                    codec.encode(summary),
+                    headers=codec.headers(),
+                )
+
+    async def _explain(self, job: LiveJob, reason: str) -> None:
+        if job.record.pending_reason != reason and not job.record.state.terminal:
+            await self._write(job, replace(job.record, pending_reason=reason))
+
+    async def _explain_all(self, reason: str) -> None:
+        for job in self.jobs.values():
+            if job.phase == Phase.WAITING:
+                await self._explain(job, reason)
+
+    async def _start(self, start: Start, now: float) -> None:
+        job = self.jobs.get(start.job_id)
+        if job is None or job.phase != Phase.WAITING or self.layout is None:
+            return
+        placement = self.layout.placement(start.gpu_ids)
+        run_id = job.record.run_id + 1
+        job.phase = Phase.STARTING
+        job.last_seen = time.time()
+        await self._write(
+            job,
+            replace(
+                job.record,
+                run_id=run_id,
+                placement=placement,
+                accum_steps=start.accum_steps,
+                shares_with=list(start.shares_with),
+                pending_reason="starting",
+            ),
+        )
+        self.log.info(
+            "starting job", job_id=job.id, placement=[(p.node, p.gpus) for p in placement],
+            accum_steps=start.accum_steps, shares_with=list(start.shares_with),
+        )
+        self.spawn(self._send_starts(job.record, placement))
+
+    async def _send_starts(self, record: JobRecord, placement: list[Placement]) -> None:
+        """Runs beside the actor; reports back as a message."""
+        spec = record.spec
+        commands = [
+            StartJob(
+                job_id=record.id,
+                run_id=record.run_id,
+                spec=spec,
+                total_iterations=record.total_iterations,
+                gpus=part.gpus,
+                accum_steps=record.accum_steps,
+                co_runners=record.shares_with,
+                resume_iteration=record.progress.iteration,
+                nodes=len(placement),
+                leader=i == 0,
+            )
+            for i, part in enumerate(placement)
+        ]
+        results = await asyncio.gather(
+            *(self._command(part.node, cmd) for part, cmd in zip(placement, commands, strict=True))
+        )
+        errors = [f"{p.node}: {e}" for p, e in zip(placement, results, strict=True) if e]
+        if errors:
+            for part, error in zip(placement, results, strict=True):
+                if not error:
+                    await self._command(part.node, StopJob(
+                        job_id=record.id, run_id=record.run_id, reason="lost"))
+        self.tell(StartResult(record.id, record.run_id, "; ".join(errors)))
+
+    async def _command(self, node: str, command: StartJob | StopJob) -> str:
+        """Send with retries; '' on success, else why it failed."""
+        error = ""
+        for attempt in range(self.config.command_retries):
+            try:
+                reply = await self.nc.request(
+                    subjects.node_command(node),
+                    codec.encode(command),
+                    timeout=self.config.command_timeout_s,
+                    headers=codec.headers(),
+                )
+                answer = codec.decode(reply.data, CommandReply)
+                return "" if answer.ok else (answer.error or "refused")
+            except Exception as exc:
+                error = f"no answer ({type(exc).__name__})"
+                await asyncio.sleep(min(0.05 * 2**attempt, 0.5))
+        return error
+
+    async def _start_result(self, result: StartResult) -> None:
+        job = self.jobs.get(result.job_id)
+        if job is None or job.record.run_id != result.run_id or job.phase != Phase.STARTING:
+            return
+        if result.error:
+            self.log.warning("start failed", job_id=job.id, error=result.error)
+            await self._requeue(job, JobState.QUEUED, f"start failed ({result.error}); retrying")
+            return
+        job.phase = Phase.RUNNING
+        job.iteration_at = time.time()
+        await self._transition(job, JobState.RUNNING, "started")
+
+    def _stop(self, job: LiveJob, reason: str) -> None:
+        job.phase = Phase.STOPPING
+        job.stop_reason = reason
+        for part in job.record.placement:
+            self._send_stop(part.node, job.id, job.record.run_id, reason)
+
+    def _stop_followers(self, job: LiveJob, leader: str) -> None:
+        for part in job.record.placement:
+            if part.node != leader:
+                self._send_stop(part.node, job.id, job.record.run_id, "lost")
+
+    def _send_stop(self, node: str, job_id: str, run_id: int, reason: str) -> None:
+        command = StopJob(job_id=job_id, run_id=run_id, reason=reason)  # type: ignore[arg-type]
+
+        async def send() -> None:
+            error = await self._command(node, command)
+            if error:
+                self.tell(StopFailed(job_id, run_id, error))
+
+        self.spawn(send())
+
+
+async def _keys(bucket: Any) -> list[str]:
+    try:
+        return list(await bucket.keys())
+    except Exception as exc:  # nats raises NoKeysError on an empty bucket
+        if type(exc).__name__ == "NoKeysError":
+            return []
+        raise
+
+
+class SchedulerService:
+    """One scheduler instance: leads while it holds the lease, else waits as a standby."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.nc: Client | None = None
+        self.stores: Stores | None = None
+        self.scheduler: LiveScheduler | None = None
+        self._stack = contextlib.AsyncExitStack()
+        self._task: asyncio.Task[None] | None = None
+        self._lease: LeaderLease | None = None
+        self.log = log.bind(instance=config.instance)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.scheduler is not None
+
+    async def __aenter__(self) -> SchedulerService:
+        self.nc = await self._stack.enter_async_context(
+            connection(self.config.nats_url, f"gpusched-scheduler-{self.config.instance}")
+        )
+        self.stores = await Stores.open(self.nc, lease_ttl_s=self.config.lease_ttl_s)
+        self._lease = LeaderLease(self.stores.lease, self.config.instance, self.config.lease_ttl_s)
+        self._task = asyncio.create_task(self._run(), name="scheduler-lease")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._stack.aclose()
+
+    async def _run(self) -> None:
+        assert self._lease is not None
+        try:
+            while True:
+                if await self._lease.try_acquire():
+                    async with self._leading():
+                        while True:
+                            await asyncio.sleep(self.config.lease_renew_s)
+                            if not await self._lease.renew():
+                                break
+                else:
+                    await asyncio.sleep(self.config.lease_renew_s / 2)
+        finally:
+            await self._lease.release()
+
+    @contextlib.asynccontextmanager
+    async def _leading(self) -> AsyncIterator[None]:
+        assert self.nc is not None and self.stores is not None
+        scheduler = LiveScheduler(self.config, self.nc, self.stores)
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(scheduler)
+            beats = await self.nc.subscribe(
+                subjects.ALL_HEARTBEATS,
+                cb=lambda m: _tell(scheduler, m, Heartbeat, Beat),
+            )
+            stack.push_async_callback(_unsubscribe, beats)
+            progress = await self.nc.subscribe(
+                subjects.ALL_JOB_PROGRESS,
+                cb=lambda m: _tell(scheduler, m, JobProgressEvent, ProgressSeen),
+            )
+            stack.push_async_callback(_unsubscribe, progress)
+            consumer = asyncio.create_task(self._consume(scheduler), name="scheduler-consumer")
+
+            async def stop_consumer() -> None:
+                consumer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await consumer
+
+            stack.push_async_callback(stop_consumer)
+            self.scheduler = scheduler
+            try:
+                yield
+            finally:
+                self.scheduler = None
+                self.log.info("leadership ended")
+
+    async def _consume(self, scheduler: LiveScheduler) -> None:
+        assert self.stores is not None
+        js = self.stores.js
+        config = ConsumerConfig(
+            durable_name=subjects.SCHEDULER_CONSUMER,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_wait=30,
+            max_ack_pending=10_000,
+        )
+        while True:
+            try:
+                await js.add_consumer(subjects.JOBS_STREAM, config)
+                sub = await js.pull_subscribe_bind(
+                    durable=subjects.SCHEDULER_CONSUMER, stream=subjects.JOBS_STREAM
+                )
+                break
+            except Exception as exc:
+                self.log.warning("cannot bind the jobs consumer yet", error=str(exc))
+                await asyncio.sleep(0.5)
+        while True:
+            try:
+                messages = await sub.fetch(256, timeout=1.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # a fetch timeout when idle, or NATS reconnecting: try again
+                await asyncio.sleep(0.01)
+                continue
+            for msg in messages:
+                scheduler.tell(Durable(msg))
+
+
+async def _tell(scheduler: LiveScheduler, msg: Msg, kind: type, wrap: type) -> None:
+    try:
+        scheduler.tell(wrap(codec.decode(msg.data, kind)))
+    except msgspec.DecodeError as exc:
+        log.warning("dropping undecodable message", subject=msg.subject, error=str(exc))
+
+
+async def _unsubscribe(sub: Any) -> None:
+    with contextlib.suppress(Exception):
+        await sub.unsubscribe()

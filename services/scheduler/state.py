@@ -1,0 +1,260 @@
+"""The live scheduler's picture of the cluster, and the snapshot it gives a policy.
+
+Placements are kept per node with node-local GPU indices; global indices exist only
+inside one snapshot, because the set of live nodes can change between rounds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from libs.common.schemas import JobRecord, JobState, NodeInfo, Placement
+from libs.core.cluster import Cluster, Node
+from libs.core.perf import PerformanceModel
+from libs.core.snapshot import JobState as ViewState
+from libs.core.snapshot import JobView, Snapshot
+from services.scheduler.policies.base import Policy
+
+
+class ScaledModel:
+    """A performance model whose times are in wall seconds of a sped-up cluster."""
+
+    def __init__(self, inner: PerformanceModel, time_scale: float) -> None:
+        self.inner = inner
+        self.time_scale = time_scale
+
+    def models(self) -> tuple[str, ...]:
+        return self.inner.models()
+
+    def default_batch_size(self, model: str) -> int:
+        return self.inner.default_batch_size(model)
+
+    def iteration_time(
+        self, model: str, batch_size: int, gpus: int, nodes: int, accum_steps: int = 1
+    ) -> float:
+        return self.inner.iteration_time(model, batch_size, gpus, nodes, accum_steps) * (
+            self.time_scale
+        )
+
+    def colocation_slowdown(
+        self,
+        model: str,
+        batch_size: int,
+        gpus: int,
+        accum_steps: int,
+        partner: str,
+        partner_batch_size: int,
+        partner_gpus: int,
+        partner_accum_steps: int,
+    ) -> float:
+        return self.inner.colocation_slowdown(
+            model, batch_size, gpus, accum_steps,
+            partner, partner_batch_size, partner_gpus, partner_accum_steps,
+        )
+
+    def gpu_memory_mb(self, model: str, per_gpu_batch: float) -> float:
+        return self.inner.gpu_memory_mb(model, per_gpu_batch)
+
+    def cpu_mem_speedup(
+        self, model: str, gpus: int, cpus_per_gpu: float, mem_gb_per_gpu: float
+    ) -> float:
+        return self.inner.cpu_mem_speedup(model, gpus, cpus_per_gpu, mem_gb_per_gpu)
+
+
+class Phase:
+    WAITING = "waiting"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+
+
+@dataclass
+class LiveJob:
+    record: JobRecord
+    revision: int
+    #: predicted wall seconds per iteration, exclusive, at a consolidated placement
+    est_iteration_s: float
+    phase: str = Phase.WAITING
+    #: what a stop is for: "preempt", "cancel" or "lost"
+    stop_reason: str = ""
+    queued_since: float = 0.0
+    #: a failed job is not offered to the policy before this time (retry backoff)
+    not_before: float = 0.0
+    attained_gpu_s: float = 0.0
+    #: when the job's node last listed it as running
+    last_seen: float = 0.0
+    last_progress_write: float = 0.0
+    iteration: int = 0
+    iteration_at: float = 0.0
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def holds_gpus(self) -> bool:
+        return self.phase != Phase.WAITING
+
+    def remaining_s(self) -> float:
+        return max(0, self.record.total_iterations - self.iteration) * self.est_iteration_s
+
+
+@dataclass
+class LiveNode:
+    info: NodeInfo
+    last_beat: float
+    #: job id -> run id, as the node last reported
+    reported: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+
+def node_of(info: NodeInfo) -> Node:
+    memory = min((g.memory_mb for g in info.gpus), default=1)
+    model = info.gpus[0].model if info.gpus else "none"
+    return Node(
+        name=info.name,
+        gpus=len(info.gpus),
+        gpu_mem_mb=max(1, memory),
+        cpus=info.cpus,
+        host_mem_gb=info.host_mem_gb,
+        net_gbps=info.net_gbps,
+        gpu_model=model,
+    )
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The cluster of the live nodes, with the map between global and node-local GPUs."""
+
+    cluster: Cluster
+    node_index: dict[str, int]
+
+    @classmethod
+    def of(cls, nodes: list[NodeInfo]) -> Layout | None:
+        usable = sorted((n for n in nodes if n.gpus), key=lambda n: n.name)
+        if not usable:
+            return None
+        cluster = Cluster(tuple(node_of(n) for n in usable))
+        return cls(cluster, {n.name: i for i, n in enumerate(usable)})
+
+    def global_ids(self, placement: list[Placement]) -> tuple[int, ...] | None:
+        ids: list[int] = []
+        for part in placement:
+            index = self.node_index.get(part.node)
+            if index is None:
+                return None
+            offset = self.cluster.offsets[index]
+            ids.extend(offset + g for g in part.gpus)
+        return tuple(ids)
+
+    def placement(self, gpu_ids: tuple[int, ...]) -> list[Placement]:
+        by_node: dict[int, list[int]] = {}
+        for gpu in gpu_ids:
+            node = self.cluster.gpu_node[gpu]
+            by_node.setdefault(node, []).append(gpu - self.cluster.offsets[node])
+        return [
+            Placement(node=self.cluster.nodes[n].name, gpus=sorted(local))
+            for n, local in sorted(by_node.items())
+        ]
+
+
+def consolidated_nodes(gpus: int, cluster: Cluster | None) -> int:
+    per_node = cluster.max_gpus_per_node if cluster else 8
+    return max(1, math.ceil(gpus / max(1, per_node)))
+
+
+def job_memory_mb(job: LiveJob, estimates: PerformanceModel) -> float:
+    spec = job.record.spec
+    return estimates.gpu_memory_mb(
+        spec.model, spec.batch_size / (spec.gpus * max(1, job.record.accum_steps))
+    )
+
+
+def build_snapshot(
+    now: float,
+    layout: Layout,
+    jobs: dict[str, LiveJob],
+    estimates: PerformanceModel,
+    policy: Policy,
+) -> Snapshot:
+    cluster = layout.cluster
+    load = [0] * cluster.total_gpus
+    memory = [0.0] * cluster.total_gpus
+    running: list[JobView] = []
+    pending: list[JobView] = []
+    for job in jobs.values():
+        record = job.record
+        spec = record.spec
+        if job.holds_gpus:
+            gpu_ids = layout.global_ids(record.placement)
+            if gpu_ids is None:
+                continue  # its node is gone; the node sweep requeues it
+            mem = job_memory_mb(job, estimates)
+            for gpu in gpu_ids:
+                load[gpu] += 1
+                memory[gpu] += mem
+            running.append(
+                JobView(
+                    job_id=job.id,
+                    submit_time=record.submitted_at,
+                    model=spec.model,
+                    gpus=spec.gpus,
+                    batch_size=spec.batch_size,
+                    est_remaining_s=job.remaining_s(),
+                    attained_gpu_s=job.attained_gpu_s,
+                    as_of=job.iteration_at or now,
+                    allow_sharing=spec.allow_sharing,
+                    deadline=spec.deadline,
+                    state=ViewState.RUNNING,
+                    gpu_ids=gpu_ids,
+                    accum_steps=record.accum_steps,
+                    # a stopping job finishes nothing more; one being started not yet
+                    progress_rate=1.0 if job.phase == Phase.RUNNING else 0.0,
+                    preemptions=record.preemptions,
+                )
+            )
+        elif job.not_before <= now and not record.state.terminal:
+            pending.append(
+                JobView(
+                    job_id=job.id,
+                    submit_time=record.submitted_at,
+                    model=spec.model,
+                    gpus=spec.gpus,
+                    batch_size=spec.batch_size,
+                    est_remaining_s=job.remaining_s(),
+                    attained_gpu_s=job.attained_gpu_s,
+                    as_of=now,
+                    allow_sharing=spec.allow_sharing,
+                    deadline=spec.deadline,
+                    queued_since=job.queued_since,
+                    preemptions=record.preemptions,
+                )
+            )
+    sort = policy.queue_sort
+    if sort is not None:
+        pending.sort(key=sort.key)
+    else:
+        pending.sort(key=lambda v: (v.queued_since, v.job_id))
+    node_free = [0] * len(cluster.nodes)
+    for gpu, jobs_on_gpu in enumerate(load):
+        if jobs_on_gpu == 0:
+            node_free[cluster.gpu_node[gpu]] += 1
+    return Snapshot(
+        now=now,
+        cluster=cluster,
+        pending=tuple(pending),
+        running=tuple(running),
+        gpu_load=tuple(load),
+        gpu_mem_used=tuple(memory),
+        node_free=tuple(node_free),
+        estimates=estimates,
+        queue_order=sort.name if sort is not None else "arrival",
+    )
+
+
+def is_waiting(state: JobState) -> bool:
+    return state in (JobState.QUEUED, JobState.PREEMPTED)
