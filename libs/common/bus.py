@@ -10,6 +10,7 @@ from typing import Any
 import nats
 import structlog
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import (
     DiscardPolicy,
@@ -80,6 +81,28 @@ async def connection(url: str, name: str, **options: Any) -> AsyncIterator[Clien
             await asyncio.wait_for(nc.drain(), timeout=5)
         if not nc.is_closed:
             await nc.close()
+
+
+async def settle(nc: Client, timeout_s: float = 5.0) -> None:
+    """Return once the server has processed every command sent so far on ``nc``.
+
+    ``Client.flush()`` in nats-py 2.16 writes its PING straight to the socket, ahead of
+    SUBs still waiting in the client's buffer, so it does not prove a subscription is
+    live. A message to a private inbox is queued behind those SUBs, so its return does.
+    """
+    inbox = nc.new_inbox()
+    echoed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def arrived(_: Msg) -> None:
+        if not echoed.done():
+            echoed.set_result(None)
+
+    subscription = await nc.subscribe(inbox, cb=arrived)
+    try:
+        await nc.publish(inbox, b"")
+        await asyncio.wait_for(echoed, timeout_s)
+    finally:
+        await subscription.unsubscribe()
 
 
 async def _stream(js: JetStreamContext, config: StreamConfig) -> None:

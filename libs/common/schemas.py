@@ -299,7 +299,8 @@ class Prediction(msgspec.Struct, frozen=True, kw_only=True):
     #: seconds per iteration behind a throughput answer
     iteration_s: float | None = None
     samples_per_s: float | None = None
-    #: "profile", or "profile+history" once measurements corrected it
+    #: where the figure came from: "profile" or "profile+history" for throughput and
+    #: slowdown; "declared", "history" or "default" for iterations
     source: str = "profile"
 
 

@@ -1,0 +1,450 @@
+"""The job context: what gpusched tells a training process, and what the process tells back.
+
+The node agent starts every job process with ``GPUSCHED_*`` environment variables (see
+:data:`ENV_VARIABLES`) and reads back JSON lines that the process appends to
+``GPUSCHED_PROGRESS_FILE``. It preempts a job with SIGTERM: the process finishes its
+current iteration, saves a checkpoint, writes a ``checkpoint`` line and exits 0.
+
+A process counts as running under gpusched when ``GPUSCHED_JOB_ID`` is set; every variable
+in :data:`REQUIRED_UNDER_GPUSCHED` must then be present. Without it the same script runs
+by hand: every variable falls back to a default and progress lines are not written unless
+``GPUSCHED_PROGRESS_FILE`` is given.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any, Literal
+
+JOB_ID = "GPUSCHED_JOB_ID"
+RUN_ID = "GPUSCHED_RUN_ID"
+MODEL = "GPUSCHED_MODEL"
+BATCH_SIZE = "GPUSCHED_BATCH_SIZE"
+ACCUM_STEPS = "GPUSCHED_ACCUM_STEPS"
+GPUS = "GPUSCHED_GPUS"
+DEVICE = "GPUSCHED_DEVICE"
+TOTAL_ITERATIONS = "GPUSCHED_TOTAL_ITERATIONS"
+START_ITERATION = "GPUSCHED_START_ITERATION"
+CHECKPOINT_DIR = "GPUSCHED_CHECKPOINT_DIR"
+CHECKPOINT_EVERY = "GPUSCHED_CHECKPOINT_EVERY"
+PROGRESS_FILE = "GPUSCHED_PROGRESS_FILE"
+
+#: every variable the node agent sets for a job process (besides CUDA_VISIBLE_DEVICES)
+ENV_VARIABLES = (
+    JOB_ID, RUN_ID, MODEL, BATCH_SIZE, ACCUM_STEPS, GPUS, DEVICE, TOTAL_ITERATIONS,
+    START_ITERATION, CHECKPOINT_DIR, CHECKPOINT_EVERY, PROGRESS_FILE,
+)  # fmt: skip
+#: without these a job cannot run or be tracked, so under gpusched their absence is an error
+REQUIRED_UNDER_GPUSCHED = (
+    JOB_ID, RUN_ID, MODEL, BATCH_SIZE, ACCUM_STEPS, TOTAL_ITERATIONS, CHECKPOINT_DIR,
+    PROGRESS_FILE,
+)  # fmt: skip
+
+#: defaults of a run by hand (outside gpusched)
+STANDALONE_JOB_ID = "local"
+STANDALONE_BATCH_SIZE = 32
+STANDALONE_TOTAL_ITERATIONS = 100
+DEFAULT_CHECKPOINT_EVERY = 50
+#: progress lines are rate-limited to one per this many seconds (plus forced ones)
+DEFAULT_PROGRESS_INTERVAL_S = 0.5
+CHECKPOINT_FILE_NAME = "checkpoint.pt"
+
+Device = Literal["cuda", "cpu"]
+ProgressEvent = Literal["progress", "checkpoint", "done"]
+
+
+class JobEnvironmentError(ValueError):
+    """A job variable is missing or invalid; ``variable`` names it."""
+
+    def __init__(self, variable: str, problem: str, *, field_name: str | None = None) -> None:
+        subject = variable if field_name is None else f"{field_name} ({variable})"
+        super().__init__(f"{subject} {problem}")
+        self.variable = variable
+
+
+def _field_error(field_name: str, variable: str, problem: str) -> JobEnvironmentError:
+    return JobEnvironmentError(variable, problem, field_name=field_name)
+
+
+@dataclass(kw_only=True)
+class JobContext:
+    """One run of one job: its parameters plus the progress, signal and checkpoint helpers.
+
+    Build it with :meth:`from_env`. The clocks are injectable so that rate limiting can be
+    tested without waiting.
+    """
+
+    job_id: str
+    run_id: int = 0
+    model: str | None = None
+    batch_size: int
+    accum_steps: int = 1
+    gpus: tuple[int, ...] = ()
+    device: Device = "cpu"
+    total_iterations: int
+    start_iteration: int = 0
+    checkpoint_dir: Path
+    checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
+    progress_file: Path | None = None
+    progress_interval_s: float = DEFAULT_PROGRESS_INTERVAL_S
+    monotonic: Callable[[], float] = field(default=time.monotonic, repr=False)
+    wall_clock: Callable[[], float] = field(default=time.time, repr=False)
+
+    _stop_requested: bool = field(default=False, init=False, repr=False)
+    _progress_stream: IO[str] | None = field(default=None, init=False, repr=False)
+    _window_start: float = field(default=0.0, init=False, repr=False)
+    _window_samples: float = field(default=0.0, init=False, repr=False)
+    _last_emit: float | None = field(default=None, init=False, repr=False)
+    _last_rate: float = field(default=0.0, init=False, repr=False)
+    _last_loss: float | None = field(default=None, init=False, repr=False)
+    _pending_iteration: int | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.job_id:
+            raise _field_error("job_id", JOB_ID, "must not be empty")
+        if self.run_id < 0:
+            raise _field_error("run_id", RUN_ID, f"must be >= 0, got {self.run_id}")
+        if self.batch_size < 1:
+            raise _field_error("batch_size", BATCH_SIZE, f"must be >= 1, got {self.batch_size}")
+        if self.accum_steps < 1:
+            raise _field_error("accum_steps", ACCUM_STEPS, f"must be >= 1, got {self.accum_steps}")
+        if self.batch_size % self.accum_steps:
+            raise _field_error(
+                "batch_size",
+                BATCH_SIZE,
+                f"= {self.batch_size} must be divisible by accum_steps ({ACCUM_STEPS}) "
+                f"= {self.accum_steps}: each accumulation step takes an equal share",
+            )
+        if any(gpu < 0 for gpu in self.gpus):
+            raise _field_error("gpus", GPUS, f"must be non-negative indices, got {self.gpus}")
+        if self.device not in ("cuda", "cpu"):
+            raise _field_error("device", DEVICE, f"must be 'cuda' or 'cpu', got {self.device!r}")
+        if self.total_iterations < 1:
+            raise _field_error(
+                "total_iterations", TOTAL_ITERATIONS, f"must be >= 1, got {self.total_iterations}"
+            )
+        if not 0 <= self.start_iteration <= self.total_iterations:
+            raise _field_error(
+                "start_iteration",
+                START_ITERATION,
+                f"must be within [0, {self.total_iterations}], got {self.start_iteration}",
+            )
+        if self.checkpoint_every < 1:
+            raise _field_error(
+                "checkpoint_every", CHECKPOINT_EVERY, f"must be >= 1, got {self.checkpoint_every}"
+            )
+        if self.progress_interval_s < 0:
+            raise ValueError(f"progress_interval_s must be >= 0, got {self.progress_interval_s}")
+        self.checkpoint_dir = Path(self.checkpoint_dir)
+        if self.progress_file is not None:
+            self.progress_file = Path(self.progress_file)
+        self._window_start = self.monotonic()
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> JobContext:
+        """Read the job variables; raise :class:`JobEnvironmentError` naming a bad one."""
+        env = os.environ if environ is None else environ
+        managed = JOB_ID in env
+        if managed:
+            for name in REQUIRED_UNDER_GPUSCHED:
+                if name not in env:
+                    raise JobEnvironmentError(
+                        name, f"is not set (required because {JOB_ID} is set)"
+                    )
+        job_id = env.get(JOB_ID, STANDALONE_JOB_ID).strip()
+        model = env.get(MODEL, "").strip() or None
+        if managed and model is None:
+            raise JobEnvironmentError(MODEL, "is empty; expected a model name")
+        gpus = _gpus(env)
+        default_device: Device = "cuda" if gpus else "cpu"
+        return cls(
+            job_id=job_id,
+            run_id=_integer(env, RUN_ID, 0),
+            model=model,
+            batch_size=_integer(env, BATCH_SIZE, STANDALONE_BATCH_SIZE),
+            accum_steps=_integer(env, ACCUM_STEPS, 1),
+            gpus=gpus,
+            device=_device(env, default_device),
+            total_iterations=_integer(env, TOTAL_ITERATIONS, STANDALONE_TOTAL_ITERATIONS),
+            start_iteration=_integer(env, START_ITERATION, 0),
+            checkpoint_dir=_path(env, CHECKPOINT_DIR)
+            or Path("gpusched-checkpoints") / (job_id or STANDALONE_JOB_ID),
+            checkpoint_every=_integer(env, CHECKPOINT_EVERY, DEFAULT_CHECKPOINT_EVERY),
+            progress_file=_path(env, PROGRESS_FILE),
+        )
+
+    # ------------------------------------------------------------------ derived values
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Samples per accumulation step: the global batch split into ``accum_steps``."""
+        return self.batch_size // self.accum_steps
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.checkpoint_dir / CHECKPOINT_FILE_NAME
+
+    def torch_device(self) -> str:
+        """``"cuda"`` when asked for and available, else ``"cpu"`` (emulated or CPU-only)."""
+        if self.device == "cuda":
+            import torch
+
+            if torch.cuda.is_available():
+                return "cuda"
+        return "cpu"
+
+    # ------------------------------------------------------------------ signals
+
+    @property
+    def should_stop(self) -> bool:
+        """True once SIGTERM (or SIGINT) arrived: checkpoint at the current iteration, exit 0."""
+        return self._stop_requested
+
+    def request_stop(self) -> None:
+        self._stop_requested = True
+
+    def install_signal_handlers(self) -> None:
+        """Turn SIGTERM and SIGINT into :attr:`should_stop`; call from the main thread.
+
+        A second SIGINT raises KeyboardInterrupt so that a run by hand can still be killed.
+        """
+
+        def on_terminate(signum: int, frame: FrameType | None) -> None:
+            self._stop_requested = True
+
+        def on_interrupt(signum: int, frame: FrameType | None) -> None:
+            if self._stop_requested:
+                raise KeyboardInterrupt
+            self._stop_requested = True
+
+        signal.signal(signal.SIGTERM, on_terminate)
+        signal.signal(signal.SIGINT, on_interrupt)
+
+    # ------------------------------------------------------------------ progress
+
+    def start_clock(self) -> None:
+        """Start measuring throughput now (call once setup and checkpoint loading are over)."""
+        self._window_start = self.monotonic()
+        self._window_samples = 0.0
+
+    def report(
+        self,
+        iteration: int,
+        *,
+        loss: float | None = None,
+        samples: float | None = None,
+        gpu_mem_mb: float | None = None,
+        force: bool = False,
+    ) -> bool:
+        """Record that ``iteration`` iterations are complete; maybe write a progress line.
+
+        ``samples`` is what this iteration processed (default: the global batch). Lines are
+        written at most every :attr:`progress_interval_s` unless ``force``; samples/s covers
+        everything since the previous line. Returns whether a line was written.
+        """
+        self._window_samples += self.batch_size if samples is None else samples
+        if loss is not None:
+            self._last_loss = loss
+        self._pending_iteration = iteration
+        now = self.monotonic()
+        due = self._last_emit is None or now - self._last_emit >= self.progress_interval_s
+        if not (force or due):
+            return False
+        self._emit("progress", iteration, gpu_mem_mb)
+        return True
+
+    def checkpointed(self, iteration: int, *, gpu_mem_mb: float | None = None) -> None:
+        """Announce that a checkpoint at ``iteration`` is durably saved."""
+        self._flush_pending(gpu_mem_mb)
+        self._emit("checkpoint", iteration, gpu_mem_mb)
+
+    def done(self, iteration: int | None = None, *, gpu_mem_mb: float | None = None) -> None:
+        """Announce that all iterations are complete (``iteration`` defaults to the total)."""
+        final = self.total_iterations if iteration is None else iteration
+        self._flush_pending(gpu_mem_mb)
+        self._emit("done", final, gpu_mem_mb)
+
+    def close(self) -> None:
+        if self._progress_stream is not None:
+            self._progress_stream.close()
+            self._progress_stream = None
+
+    def __enter__(self) -> JobContext:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def memory_mb(self) -> float:
+        """Peak CUDA memory allocated by this process on cuda, else its resident set size."""
+        torch = sys.modules.get("torch")
+        if torch is not None and self.device == "cuda" and torch.cuda.is_initialized():
+            return float(torch.cuda.max_memory_allocated()) / 2**20
+        return resident_set_mb()
+
+    def _flush_pending(self, gpu_mem_mb: float | None) -> None:
+        if self._pending_iteration is not None:
+            self._emit("progress", self._pending_iteration, gpu_mem_mb)
+
+    def _emit(self, event: ProgressEvent, iteration: int, gpu_mem_mb: float | None) -> None:
+        now = self.monotonic()
+        elapsed = now - self._window_start
+        if self._window_samples > 0 and elapsed > 0:
+            self._last_rate = self._window_samples / elapsed
+        self._window_start = now
+        self._window_samples = 0.0
+        self._last_emit = now
+        if event == "progress":
+            self._pending_iteration = None
+        if self.progress_file is None:
+            return
+        loss = self._last_loss
+        line = {
+            "event": event,
+            "iteration": iteration,
+            "samples_per_s": self._last_rate,
+            "loss": loss if loss is not None and math.isfinite(loss) else None,
+            "gpu_mem_mb": self.memory_mb() if gpu_mem_mb is None else gpu_mem_mb,
+            "at": self.wall_clock(),
+        }
+        stream = self._progress_stream
+        if stream is None:
+            self.progress_file.parent.mkdir(parents=True, exist_ok=True)
+            stream = self._progress_stream = self.progress_file.open("a", encoding="utf-8")
+        stream.write(json.dumps(line) + "\n")
+        stream.flush()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, state: Any) -> Path:
+        """Save ``state`` with torch.save so that a crash leaves the old or the new file whole."""
+        return save_atomically(state, self.checkpoint_path)
+
+    def load_checkpoint(
+        self, *, weights_only: bool = True, map_location: str | None = "cpu"
+    ) -> Any | None:
+        """The last saved state, or None when this job has no checkpoint yet.
+
+        ``weights_only`` keeps unpickling safe (tensors, numbers, strings and containers,
+        which covers model and optimizer state dicts and torch RNG states); pass False only
+        for a checkpoint holding other Python objects.
+        """
+        import torch
+
+        if not self.checkpoint_path.exists():
+            return None
+        return torch.load(
+            self.checkpoint_path, weights_only=weights_only, map_location=map_location
+        )
+
+
+def save_atomically(state: Any, path: Path) -> Path:
+    """torch.save to a temporary file beside ``path``, fsync, then os.replace it over ``path``."""
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+    return path
+
+
+def _fsync_directory(directory: Path) -> None:
+    # the rename itself is only durable once the directory entry is flushed
+    try:
+        descriptor = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+def resident_set_mb() -> float:
+    """Current resident set size of this process in MiB (peak RSS where /proc is missing)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            pages = int(statm.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        # ru_maxrss is in KiB on Linux and in bytes on macOS
+        return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+
+
+# ---------------------------------------------------------------------- parsing
+
+
+def _integer(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        if raw is not None and name in REQUIRED_UNDER_GPUSCHED and JOB_ID in env:
+            raise JobEnvironmentError(name, "is empty; expected an integer")
+        return default
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise JobEnvironmentError(name, f"must be an integer, got {raw!r}") from None
+
+
+def _gpus(env: Mapping[str, str]) -> tuple[int, ...]:
+    raw = env.get(GPUS, "").strip()
+    if not raw:
+        return ()
+    indices: list[int] = []
+    for part in raw.split(","):
+        try:
+            index = int(part.strip())
+        except ValueError:
+            raise JobEnvironmentError(
+                GPUS, f"must be comma-separated GPU indices, got {raw!r}"
+            ) from None
+        if index < 0:
+            raise JobEnvironmentError(GPUS, f"must hold non-negative indices, got {raw!r}")
+        indices.append(index)
+    return tuple(indices)
+
+
+def _device(env: Mapping[str, str], default: Device) -> Device:
+    raw = env.get(DEVICE, "").strip().lower()
+    if not raw:
+        return default
+    if raw == "cuda":
+        return "cuda"
+    if raw == "cpu":
+        return "cpu"
+    raise JobEnvironmentError(DEVICE, f"must be 'cuda' or 'cpu', got {env[DEVICE]!r}")
+
+
+def _path(env: Mapping[str, str], name: str) -> Path | None:
+    raw = env.get(name, "").strip()
+    if raw:
+        return Path(raw)
+    if name in env and name in REQUIRED_UNDER_GPUSCHED and JOB_ID in env:
+        raise JobEnvironmentError(name, "is empty; expected a path")
+    return None

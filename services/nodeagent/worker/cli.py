@@ -1,0 +1,215 @@
+"""Command line of the worker.
+
+Training mode (what the node agent runs) reads the job from ``GPUSCHED_*`` variables and
+exits 0 when the job is done or was stopped by SIGTERM after checkpointing; 2 when the
+environment or the flags are invalid (one line on stderr naming the variable or flag); 1
+with a traceback on any other error. Torch is imported only after the signal handlers are
+installed, so a SIGTERM that arrives while torch loads still ends in a checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from libs.common.logging import configure_logging
+from libs.sdk import JobContext, JobEnvironmentError
+from services.nodeagent.worker.catalog import (
+    DEFAULT_SIZES,
+    PROFILE_TO_ZOO,
+    ModelSpec,
+    UnknownModelNameError,
+    ZooModel,
+)
+
+#: appends the number of every iteration this process executes (for tests and debugging)
+ITERATION_LOG_ENV = "GPUSCHED_WORKER_ITERATION_LOG"
+#: pauses inside this iteration until SIGTERM (for tests of preemption mid-iteration)
+HOLD_AT_ITERATION_ENV = "GPUSCHED_WORKER_HOLD_AT_ITERATION"
+#: model used when neither --model nor GPUSCHED_MODEL names one (runs by hand)
+FALLBACK_MODEL = "mlp"
+USAGE_ERROR = 2
+
+
+class UsageError(ValueError):
+    pass
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _batch_sizes(text: str) -> list[int]:
+    return [_positive_int(part.strip()) for part in text.split(",") if part.strip()]
+
+
+def _mapping_epilog() -> str:
+    by_zoo: dict[ZooModel, list[str]] = {}
+    for profile, zoo in PROFILE_TO_ZOO.items():
+        by_zoo.setdefault(zoo, []).append(profile)
+    lines = ["profile name -> zoo model (default --width/--depth):"]
+    for zoo, profiles in by_zoo.items():
+        width, depth = DEFAULT_SIZES[zoo]
+        lines.append(f"  {', '.join(profiles)} -> {zoo} ({width}/{depth})")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m services.nodeagent.worker",
+        description="Train a zoo model for one gpusched job run (job from GPUSCHED_* "
+        "variables), or measure iteration times with --profile.",
+        epilog=_mapping_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", help="profile or zoo name; overrides GPUSCHED_MODEL")
+    parser.add_argument("--width", type=_positive_int, help="hidden units / channels / d_model")
+    parser.add_argument("--depth", type=_positive_int, help="hidden layers / conv blocks / layers")
+    parser.add_argument("--seed", type=_non_negative_int, default=0, help="default: 0")
+    parser.add_argument(
+        "--lr", type=_positive_float, default=0.01, help="SGD learning rate (default: 0.01)"
+    )
+    parser.add_argument(
+        "--threads", type=_positive_int, default=1, help="torch CPU threads (default: 1)"
+    )
+    parser.add_argument("--device", choices=("cuda", "cpu"), help="overrides GPUSCHED_DEVICE")
+    profiling = parser.add_argument_group("profile mode")
+    profiling.add_argument(
+        "--profile", action="store_true", help="measure, print JSON to stdout, do not train"
+    )
+    profiling.add_argument(
+        "--batch-sizes", type=_batch_sizes, default=None, help="comma-separated global batches"
+    )
+    profiling.add_argument("--accum-steps", type=_positive_int, default=1, help="default: 1")
+    profiling.add_argument("--warmup", type=_non_negative_int, default=3, help="default: 3")
+    profiling.add_argument("--repeats", type=_positive_int, default=10, help="default: 10")
+    return parser
+
+
+def model_spec(name: str, source: str, width: int | None, depth: int | None) -> ModelSpec:
+    try:
+        return ModelSpec.for_model(name, width=width, depth=depth)
+    except UnknownModelNameError as error:
+        raise UsageError(f"{source}: {error}") from None
+    except ValueError as error:
+        raise UsageError(f"--width/--depth: {error}") from None
+
+
+def debug_hooks(environ: Mapping[str, str]) -> tuple[Path | None, int | None]:
+    log_path = environ.get(ITERATION_LOG_ENV, "").strip()
+    hold_raw = environ.get(HOLD_AT_ITERATION_ENV, "").strip()
+    hold: int | None = None
+    if hold_raw:
+        try:
+            hold = int(hold_raw)
+        except ValueError:
+            raise UsageError(
+                f"{HOLD_AT_ITERATION_ENV} must be an integer, got {hold_raw!r}"
+            ) from None
+    return (Path(log_path) if log_path else None), hold
+
+
+def _train(args: argparse.Namespace) -> int:
+    ctx = JobContext.from_env()
+    if args.device is not None:
+        ctx = dataclasses.replace(ctx, device=args.device)
+    # before torch loads (seconds): a preemption from then on still ends in a checkpoint
+    ctx.install_signal_handlers()
+    name, source = (
+        (args.model, "--model") if args.model else (ctx.model or FALLBACK_MODEL, "GPUSCHED_MODEL")
+    )
+    spec = model_spec(name, source, args.width, args.depth)
+    iteration_log, hold_at = debug_hooks(os.environ)
+
+    import torch
+
+    from services.nodeagent.worker.training import DebugHooks, TrainingOptions, run_job
+
+    torch.set_num_threads(args.threads)
+    options = TrainingOptions(seed=args.seed, learning_rate=args.lr)
+    with ctx:
+        run_job(ctx, spec, options, DebugHooks(iteration_log, hold_at))
+    return 0
+
+
+def _profile(args: argparse.Namespace) -> int:
+    if not args.batch_sizes:
+        raise UsageError("--batch-sizes: required with --profile (e.g. --batch-sizes 8,16,32)")
+    env_model = os.environ.get("GPUSCHED_MODEL", "").strip()
+    if args.model:
+        name, source = args.model, "--model"
+    elif env_model:
+        name, source = env_model, "GPUSCHED_MODEL"
+    else:
+        raise UsageError("--model: required with --profile unless GPUSCHED_MODEL is set")
+    spec = model_spec(name, source, args.width, args.depth)
+    for batch_size in args.batch_sizes:
+        if batch_size % args.accum_steps:
+            raise UsageError(
+                f"--batch-sizes: {batch_size} is not divisible by --accum-steps {args.accum_steps}"
+            )
+
+    import torch
+
+    from services.nodeagent.worker.profiling import profile
+    from services.nodeagent.worker.training import TrainingOptions
+
+    torch.set_num_threads(args.threads)
+    requested = args.device or os.environ.get("GPUSCHED_DEVICE", "").strip().lower()
+    cuda = torch.cuda.is_available()
+    if requested == "cuda" and not cuda:
+        raise UsageError("--device/GPUSCHED_DEVICE: cuda requested but not available")
+    device = requested if requested in ("cuda", "cpu") else ("cuda" if cuda else "cpu")
+    report = profile(
+        spec,
+        args.batch_sizes,
+        model_name=name,
+        device=device,
+        accum_steps=args.accum_steps,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        options=TrainingOptions(seed=args.seed, learning_rate=args.lr),
+    )
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging()
+    try:
+        return _profile(args) if args.profile else _train(args)
+    except (JobEnvironmentError, UsageError) as error:
+        print(f"gpusched worker: error: {error}", file=sys.stderr)
+        return USAGE_ERROR

@@ -1,0 +1,23 @@
+"""The predictor service: iterations, throughput and co-location slowdown of training
+jobs, from the profiles corrected by what running jobs measured."""
+
+from services.predictor.client import (
+    PredictorClient,
+    PredictorClientError,
+    PredictorError,
+    PredictorUnavailable,
+)
+from services.predictor.config import PredictorConfig
+from services.predictor.model import BaselinePredictor, InvalidRequest
+from services.predictor.service import PredictorService
+
+__all__ = [
+    "BaselinePredictor",
+    "InvalidRequest",
+    "PredictorClient",
+    "PredictorClientError",
+    "PredictorConfig",
+    "PredictorError",
+    "PredictorService",
+    "PredictorUnavailable",
+]

@@ -1,0 +1,74 @@
+"""Asking the predictor service over NATS.
+
+The scheduler calls it on its hot path and falls back to its own profiles when the
+service is away, so every failure is one of two exceptions (both
+:class:`PredictorClientError`): :class:`PredictorUnavailable` (no answer in time, no
+service listening, no connection) and :class:`PredictorError` (the service answered
+with an error: its code and description).
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+import nats.errors
+from nats.aio.client import Client
+from nats.micro.request import ERROR_CODE_HEADER, ERROR_HEADER
+
+from libs.common import codec, subjects
+from libs.common.schemas import Prediction, PredictRequest
+
+__all__ = ["PredictorClient", "PredictorClientError", "PredictorError", "PredictorUnavailable"]
+
+
+class PredictorClientError(Exception):
+    """Any failure to get a prediction."""
+
+
+class PredictorUnavailable(PredictorClientError):
+    """No predictor answered (timeout, no responders, no connection)."""
+
+
+class PredictorError(PredictorClientError):
+    """The predictor answered with an error: ``code`` is "400" (bad request), "404"
+    (unknown model) or "500"; "502" when its reply could not be read."""
+
+    def __init__(self, code: str, description: str) -> None:
+        super().__init__(f"predictor error {code}: {description}")
+        self.code = code
+        self.description = description
+
+
+class PredictorClient:
+    def __init__(self, nc: Client, timeout_s: float = 0.5) -> None:
+        if not timeout_s > 0 or not math.isfinite(timeout_s):
+            raise ValueError(f"timeout_s must be a finite number > 0, got {timeout_s!r}")
+        self._nc = nc
+        self.timeout_s = timeout_s
+
+    async def iterations(self, req: PredictRequest) -> Prediction:
+        return await self._ask(subjects.PREDICT_ITERATIONS, req)
+
+    async def throughput(self, req: PredictRequest) -> Prediction:
+        return await self._ask(subjects.PREDICT_THROUGHPUT, req)
+
+    async def slowdown(self, req: PredictRequest) -> Prediction:
+        return await self._ask(subjects.PREDICT_SLOWDOWN, req)
+
+    async def _ask(self, subject: str, req: PredictRequest) -> Prediction:
+        try:
+            reply = await self._nc.request(
+                subject, codec.encode(req), timeout=self.timeout_s, headers=codec.headers()
+            )
+        except (TimeoutError, nats.errors.Error) as exc:
+            reason = "no answer in time" if isinstance(exc, TimeoutError) else repr(exc)
+            raise PredictorUnavailable(f"predictor unavailable on {subject}: {reason}") from exc
+        headers = reply.headers or {}
+        code = headers.get(ERROR_CODE_HEADER)
+        if code:
+            raise PredictorError(code, headers.get(ERROR_HEADER, ""))
+        try:
+            return codec.decode(reply.data, Prediction)
+        except msgspec.DecodeError as exc:
+            raise PredictorError("502", f"unreadable reply on {subject}: {exc}") from exc

@@ -1,0 +1,83 @@
+"""The predictor's settings, validated on construction."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.predictor.model import DEFAULT_HISTORY_WEIGHT
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
+
+
+@dataclass(frozen=True)
+class PredictorConfig:
+    nats_url: str = DEFAULT_NATS_URL
+    #: research profiles overriding the built-in ones (see libs.core.groundtruth)
+    data_dir: Path | None = None
+    #: weight of each new measurement in the moving averages, in (0, 1]
+    history_weight: float = DEFAULT_HISTORY_WEIGHT
+    #: serve Prometheus metrics on this port (0: any free port; None: not at all)
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.nats_url, str) or not self.nats_url.startswith(NATS_SCHEMES):
+            raise ValueError(
+                f"nats_url must start with one of {', '.join(NATS_SCHEMES)}, got {self.nats_url!r}"
+            )
+        if self.data_dir is not None:
+            data_dir = Path(self.data_dir)
+            if not data_dir.is_dir():
+                raise ValueError(f"data_dir {str(data_dir)!r} is not a directory")
+            object.__setattr__(self, "data_dir", data_dir)
+        weight = self.history_weight
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, int | float)
+            or not math.isfinite(weight)
+            or not 0 < weight <= 1
+        ):
+            raise ValueError(f"history_weight must be a number in (0, 1], got {weight!r}")
+        port = self.metrics_port
+        if port is not None and (
+            isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535
+        ):
+            raise ValueError(f"metrics_port must be an integer in [0, 65535], got {port!r}")
+        if not self.metrics_host:
+            raise ValueError("metrics_host must not be empty")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> PredictorConfig:
+        """NATS_URL, GPUSCHED_DATA_DIR, GPUSCHED_PREDICTOR_HISTORY_WEIGHT,
+        GPUSCHED_PREDICTOR_METRICS_PORT and GPUSCHED_PREDICTOR_METRICS_HOST; unset or
+        empty variables keep the defaults."""
+        env = os.environ if environ is None else environ
+
+        def get(name: str) -> str | None:
+            value = env.get(name, "").strip()
+            return value or None
+
+        def number(name: str, kind: type[int] | type[float]) -> int | float | None:
+            text = get(name)
+            if text is None:
+                return None
+            try:
+                return kind(text)
+            except ValueError:
+                raise ValueError(f"{name} must be a {kind.__name__}, got {text!r}") from None
+
+        data_dir = get("GPUSCHED_DATA_DIR")
+        weight = number("GPUSCHED_PREDICTOR_HISTORY_WEIGHT", float)
+        port = number("GPUSCHED_PREDICTOR_METRICS_PORT", int)
+        return cls(
+            nats_url=get("NATS_URL") or DEFAULT_NATS_URL,
+            data_dir=Path(data_dir) if data_dir else None,
+            history_weight=DEFAULT_HISTORY_WEIGHT if weight is None else float(weight),
+            metrics_port=None if port is None else int(port),
+            metrics_host=get("GPUSCHED_PREDICTOR_METRICS_HOST") or "0.0.0.0",
+        )

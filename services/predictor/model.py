@@ -1,0 +1,313 @@
+"""What the predictor believes: the profiles, corrected by what running jobs measured.
+
+:class:`BaselinePredictor` does no I/O: the service feeds it messages and asks it
+questions, tests drive it directly.
+
+What it learns, and from what:
+
+- **Iteration time** of a ``(model, batch_size, gpus)``: every progress event of a job
+  running alone (no co-runners) gives ``measured / profiled`` seconds per iteration,
+  the profile taken at the event's own nodes and accumulation steps. An exponentially
+  weighted moving average of that ratio (``history_weight`` per sample, starting from
+  1.0, i.e. from the profile) multiplies the profile's answer.
+- **Co-location slowdown** of a pair: a progress event with exactly one co-runner whose
+  model is known (from that job's own last progress event) gives the measured slowdown
+  ``measured / predicted exclusive time``; a moving average of its ratio to the
+  profile's slowdown corrects the profile's answer, which never drops below 1.
+- **Iterations** of a model: the mean ``total_iterations`` of its completed jobs.
+
+A progress event whose job has not advanced an iteration since its previous event
+repeats an old measurement and teaches nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TypeVar
+
+from libs.common.schemas import JobProgressEvent, Prediction, PredictRequest
+from libs.core.groundtruth import SYNERGY_FAIR_CPUS, SYNERGY_FAIR_MEM_GB
+from libs.core.perf import PerformanceModel, UnknownModelError
+
+__all__ = [
+    "DEFAULT_HISTORY_WEIGHT",
+    "DEFAULT_RUN_S",
+    "MAX_TRACKED_JOBS",
+    "RATIO_BOUNDS",
+    "BaselinePredictor",
+    "InvalidRequest",
+    "UnknownModelError",
+]
+
+DEFAULT_HISTORY_WEIGHT = 0.2
+#: with no declared iterations and no completed job of the model, a job is assumed to
+#: run this long alone on the requested GPUs (the median run time of the synthetic
+#: workloads), so the default iteration count follows the model's speed
+DEFAULT_RUN_S = 3600.0
+#: a measured/profiled ratio is clamped into these bounds before it is averaged in, so
+#: one glitched interval (a stall, a resume) cannot throw the estimate arbitrarily far
+RATIO_BOUNDS = (0.05, 20.0)
+#: jobs whose last progress event is kept (to know a co-runner's model); the oldest
+#: are dropped first, and finished jobs are dropped by :meth:`BaselinePredictor.forget_job`
+MAX_TRACKED_JOBS = 100_000
+
+SOURCE_PROFILE = "profile"
+SOURCE_HISTORY = "profile+history"
+SOURCE_DECLARED = "declared"
+SOURCE_COMPLETED = "history"
+SOURCE_DEFAULT = "default"
+
+K = TypeVar("K")
+SoloKey = tuple[str, int, int]
+PairKey = tuple[str, int, int, str, int, int]
+
+
+class InvalidRequest(ValueError):
+    """A request the predictor cannot answer; the message starts with the field at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass
+class MovingAverage:
+    """An exponentially weighted moving average that starts from ``value``."""
+
+    weight: float
+    value: float = 1.0
+    samples: int = 0
+
+    def add(self, sample: float) -> None:
+        self.value += self.weight * (sample - self.value)
+        self.samples += 1
+
+
+@dataclass(frozen=True, slots=True)
+class _LastProgress:
+    run_id: int
+    model: str
+    batch_size: int
+    gpus: int
+    accum_steps: int
+    iteration: int
+
+
+class BaselinePredictor:
+    """Answers :class:`PredictRequest` questions from a performance model's profiles,
+    corrected by measurements (see the module docstring for what is learned)."""
+
+    def __init__(
+        self,
+        performance: PerformanceModel,
+        history_weight: float = DEFAULT_HISTORY_WEIGHT,
+        default_run_s: float = DEFAULT_RUN_S,
+    ) -> None:
+        if not 0 < history_weight <= 1:
+            raise ValueError(f"history_weight must be in (0, 1], got {history_weight!r}")
+        if not default_run_s > 0 or not math.isfinite(default_run_s):
+            raise ValueError(f"default_run_s must be a finite number > 0, got {default_run_s!r}")
+        self.performance = performance
+        self.history_weight = history_weight
+        self.default_run_s = default_run_s
+        self._solo: dict[SoloKey, MovingAverage] = {}
+        self._pairs: dict[PairKey, MovingAverage] = {}
+        #: model -> (completed jobs, their iterations summed)
+        self._completed: dict[str, tuple[int, int]] = {}
+        self._jobs: OrderedDict[str, _LastProgress] = OrderedDict()
+
+    # ----------------------------------------------------------------- questions
+
+    def models(self) -> tuple[str, ...]:
+        return self.performance.models()
+
+    def iterations(self, req: PredictRequest) -> Prediction:
+        """The declared iterations, else the mean of completed jobs of the model, else
+        the iterations that fill :data:`DEFAULT_RUN_S` at the predicted speed."""
+        self._check(req)
+        if req.iterations is not None:
+            return Prediction(
+                model=req.model, kind="iterations", value=float(req.iterations),
+                source=SOURCE_DECLARED,
+            )
+        completed = self._completed.get(req.model)
+        if completed is not None:
+            count, total = completed
+            return Prediction(
+                model=req.model, kind="iterations", value=float(max(1, round(total / count))),
+                source=SOURCE_COMPLETED,
+            )
+        iteration_s, _ = self._iteration_s(req)
+        return Prediction(
+            model=req.model,
+            kind="iterations",
+            value=float(max(1, round(self.default_run_s / iteration_s))),
+            iteration_s=iteration_s,
+            source=SOURCE_DEFAULT,
+        )
+
+    def throughput(self, req: PredictRequest) -> Prediction:
+        """Samples per second running alone; ``iteration_s`` is the time per iteration."""
+        self._check(req)
+        iteration_s, source = self._iteration_s(req)
+        samples_per_s = req.batch_size / iteration_s
+        return Prediction(
+            model=req.model,
+            kind="throughput",
+            value=samples_per_s,
+            iteration_s=iteration_s,
+            samples_per_s=samples_per_s,
+            source=source,
+        )
+
+    def slowdown(self, req: PredictRequest) -> Prediction:
+        """Co-located / exclusive iteration time next to ``req.partner`` (>= 1);
+        ``iteration_s`` and ``samples_per_s`` are the co-located speed."""
+        self._check(req)
+        if req.partner is None:
+            raise InvalidRequest("partner", "a slowdown prediction needs the partner's model")
+        partner_batch = req.partner_batch_size or self.performance.default_batch_size(req.partner)
+        profiled = self.performance.colocation_slowdown(
+            req.model, req.batch_size, req.gpus, req.accum_steps,
+            req.partner, partner_batch, req.partner_gpus, req.partner_accum_steps,
+        )
+        correction = self._pairs.get(
+            (req.model, req.batch_size, req.gpus, req.partner, partner_batch, req.partner_gpus)
+        )
+        value = max(1.0, profiled * (correction.value if correction else 1.0))
+        exclusive_s, _ = self._iteration_s(req)
+        iteration_s = exclusive_s * value
+        return Prediction(
+            model=req.model,
+            kind="slowdown",
+            value=value,
+            iteration_s=iteration_s,
+            samples_per_s=req.batch_size / iteration_s,
+            source=SOURCE_HISTORY if correction else SOURCE_PROFILE,
+        )
+
+    # ----------------------------------------------------------------- learning
+
+    def observe_progress(self, event: JobProgressEvent) -> bool:
+        """Learn from one progress event; True when it changed an estimate.
+
+        Raises :class:`UnknownModelError` for a model without a profile and
+        ``ValueError`` for an impossible placement (more nodes than GPUs).
+        """
+        profiled_s = self.performance.iteration_time(
+            event.model, event.batch_size, event.gpus, event.nodes, event.accum_steps
+        )
+        previous = self._remember(event)
+        measured_s = event.iteration_s
+        if measured_s is None or not math.isfinite(measured_s) or measured_s <= 0:
+            return False
+        if (
+            previous is not None
+            and previous.run_id == event.run_id
+            and event.progress.iteration <= previous.iteration
+        ):
+            return False
+        if not event.co_runners:
+            self._average(self._solo, (event.model, event.batch_size, event.gpus)).add(
+                _clamp(measured_s / profiled_s)
+            )
+            return True
+        if len(event.co_runners) != 1:
+            return False  # the slowdown cannot be split between several partners
+        partner = self._jobs.get(event.co_runners[0])
+        if partner is None:
+            return False
+        exclusive_s = profiled_s * self._solo_factor(event.model, event.batch_size, event.gpus)
+        profiled_slowdown = self.performance.colocation_slowdown(
+            event.model, event.batch_size, event.gpus, event.accum_steps,
+            partner.model, partner.batch_size, partner.gpus, partner.accum_steps,
+        )
+        key = (
+            event.model, event.batch_size, event.gpus,
+            partner.model, partner.batch_size, partner.gpus,
+        )
+        self._average(self._pairs, key).add(_clamp(measured_s / exclusive_s / profiled_slowdown))
+        return True
+
+    def observe_completion(self, model: str, iterations: int) -> None:
+        """A job of ``model`` finished after ``iterations`` iterations."""
+        if model not in self.performance.models():
+            raise UnknownModelError(model, self.performance.models())
+        if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+            raise ValueError(f"iterations must be an integer >= 1, got {iterations!r}")
+        count, total = self._completed.get(model, (0, 0))
+        self._completed[model] = (count + 1, total + iterations)
+
+    def forget_job(self, job_id: str) -> None:
+        """Drop what is kept about a job that will report no more progress."""
+        self._jobs.pop(job_id, None)
+
+    # ----------------------------------------------------------------- introspection
+
+    def solo_factor(self, model: str, batch_size: int, gpus: int) -> float:
+        """The learned measured/profiled iteration-time ratio (1.0 before any sample)."""
+        return self._solo_factor(model, batch_size, gpus)
+
+    def tracked_jobs(self) -> int:
+        return len(self._jobs)
+
+    # ----------------------------------------------------------------- internals
+
+    def _check(self, req: PredictRequest) -> None:
+        known = self.performance.models()
+        for name in (req.model, req.partner):
+            if name is not None and name not in known:
+                raise UnknownModelError(name, known)
+        if req.nodes > req.gpus:
+            raise InvalidRequest(
+                "nodes", f"{req.nodes} nodes cannot share {req.gpus} GPU(s); give nodes <= gpus"
+            )
+
+    def _iteration_s(self, req: PredictRequest) -> tuple[float, str]:
+        seconds = self.performance.iteration_time(
+            req.model, req.batch_size, req.gpus, req.nodes, req.accum_steps
+        )
+        if req.cpus_per_gpu is not None or req.mem_gb_per_gpu is not None:
+            speedup = self.performance.cpu_mem_speedup(
+                req.model,
+                req.gpus,
+                SYNERGY_FAIR_CPUS if req.cpus_per_gpu is None else req.cpus_per_gpu,
+                SYNERGY_FAIR_MEM_GB if req.mem_gb_per_gpu is None else req.mem_gb_per_gpu,
+            )
+            if speedup > 0:
+                seconds /= speedup
+        learned = self._solo.get((req.model, req.batch_size, req.gpus))
+        if learned is None:
+            return seconds, SOURCE_PROFILE
+        return seconds * learned.value, SOURCE_HISTORY
+
+    def _solo_factor(self, model: str, batch_size: int, gpus: int) -> float:
+        learned = self._solo.get((model, batch_size, gpus))
+        return 1.0 if learned is None else learned.value
+
+    def _average(self, table: dict[K, MovingAverage], key: K) -> MovingAverage:
+        found = table.get(key)
+        if found is None:
+            found = table[key] = MovingAverage(self.history_weight)
+        return found
+
+    def _remember(self, event: JobProgressEvent) -> _LastProgress | None:
+        previous = self._jobs.pop(event.job_id, None)
+        self._jobs[event.job_id] = _LastProgress(
+            run_id=event.run_id,
+            model=event.model,
+            batch_size=event.batch_size,
+            gpus=event.gpus,
+            accum_steps=event.accum_steps,
+            iteration=event.progress.iteration,
+        )
+        while len(self._jobs) > MAX_TRACKED_JOBS:
+            self._jobs.popitem(last=False)
+        return previous
+
+
+def _clamp(ratio: float) -> float:
+    low, high = RATIO_BOUNDS
+    return min(high, max(low, ratio))

@@ -1,0 +1,353 @@
+"""The predictor as a NATS micro service.
+
+Endpoints (group ``gpusched.predictor``, queue group ``q`` so instances share the load):
+``iterations``, ``throughput`` and ``slowdown``, each taking a
+:class:`~libs.common.schemas.PredictRequest` and answering a
+:class:`~libs.common.schemas.Prediction`. A request is MessagePack, or JSON when its
+payload starts with ``{`` (so ``nats req gpusched.predictor.throughput '{...}'`` works);
+the reply uses the request's encoding. Errors carry the ``Nats-Service-Error`` and
+``Nats-Service-Error-Code`` headers: 400 for a bad request (the description names the
+field), 404 for an unknown model, 500 for anything else.
+
+Every instance listens to all progress events (what it learns speeds from) and state
+events (a SUCCEEDED job's record gives its model's iteration count).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from importlib import metadata
+
+import msgspec
+import structlog
+from aiohttp import web
+from nats import micro
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.errors import KeyNotFoundError
+from nats.micro.request import Request, ServiceError
+from nats.micro.service import Service
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client.exposition import generate_latest
+
+from libs.common import codec, subjects
+from libs.common.bus import Stores, connect, settle
+from libs.common.schemas import (
+    SCHEMA_VERSION,
+    JobProgressEvent,
+    JobRecord,
+    JobState,
+    JobStateEvent,
+    Prediction,
+    PredictRequest,
+)
+from libs.core.groundtruth import load_performance_model
+from libs.core.perf import UnknownModelError
+from services.predictor.config import PredictorConfig
+from services.predictor.model import BaselinePredictor
+
+SERVICE_NAME = "gpusched-predictor"
+SERVICE_DESCRIPTION = (
+    "Predicts iterations, throughput and co-location slowdown of training jobs from "
+    "profiles corrected by measured progress"
+)
+JSON_HEADERS = {"Content-Type": "application/json", codec.SCHEMA_HEADER: str(SCHEMA_VERSION)}
+#: SUCCEEDED job ids remembered so that a repeated state event is counted once
+MAX_REMEMBERED_COMPLETIONS = 100_000
+
+log = structlog.get_logger("gpusched.predictor")
+
+Answer = Callable[[PredictRequest], Prediction]
+
+
+def service_version() -> str:
+    try:
+        return metadata.version("gpusched")
+    except metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+class BadRequest(ValueError):
+    """A request payload that cannot be read as a PredictRequest."""
+
+
+def decode_request(data: bytes, headers: dict[str, str] | None) -> tuple[PredictRequest, bool]:
+    """The request and whether it came as JSON. Raises :class:`BadRequest`."""
+    schema = (headers or {}).get(codec.SCHEMA_HEADER)
+    if schema is not None and schema != str(SCHEMA_VERSION):
+        raise BadRequest(
+            f"{codec.SCHEMA_HEADER}: schema {schema!r} is not supported; this service speaks "
+            f"{SCHEMA_VERSION}"
+        )
+    as_json = data.lstrip()[:1] == b"{"
+    if not data.strip():
+        raise BadRequest(
+            "empty request: send a PredictRequest as MessagePack or JSON "
+            '(e.g. {"model": "resnet50", "batch_size": 64})'
+        )
+    try:
+        if as_json:
+            return msgspec.json.decode(data, type=PredictRequest), True
+        return codec.decode(data, PredictRequest), False
+    except msgspec.DecodeError as exc:
+        kind = "JSON" if as_json else "MessagePack"
+        raise BadRequest(f"bad PredictRequest ({kind}): {exc}") from None
+
+
+def _one_line(text: str) -> str:
+    """Header values may not hold line breaks."""
+    return " ".join(text.split())
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "gpusched_predictor_requests_total",
+            "Prediction requests answered, by endpoint and reply code",
+            ["endpoint", "code"],
+            registry=self.registry,
+        )
+        self.request_seconds = Histogram(
+            "gpusched_predictor_request_seconds",
+            "Time to answer a prediction request",
+            ["endpoint"],
+            registry=self.registry,
+            buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5),
+        )
+        self.observations = Counter(
+            "gpusched_predictor_observations_total",
+            "Messages learned from, by kind (progress, completion) and result "
+            "(learned, ignored, invalid)",
+            ["kind", "result"],
+            registry=self.registry,
+        )
+
+
+class PredictorService:
+    """``async with PredictorService(config) as service:`` runs it until the block ends."""
+
+    def __init__(self, config: PredictorConfig, predictor: BaselinePredictor | None = None):
+        self.config = config
+        self.predictor = predictor or BaselinePredictor(
+            load_performance_model(config.data_dir), history_weight=config.history_weight
+        )
+        self.metrics = _Metrics()
+        self._nc: Client | None = None
+        self._stores: Stores | None = None
+        self._service: Service | None = None
+        self._subscriptions: list[Subscription] = []
+        self._http: web.AppRunner | None = None
+        self._completed: OrderedDict[str, None] = OrderedDict()
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def __aenter__(self) -> PredictorService:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        self._nc = await connect(self.config.nats_url, SERVICE_NAME)
+        try:
+            self._stores = await Stores.open(self._nc)
+            self._service = await micro.add_service(
+                self._nc,
+                name=SERVICE_NAME,
+                version=service_version(),
+                description=SERVICE_DESCRIPTION,
+                metadata={"data_dir": str(self.config.data_dir or "builtin")},
+            )
+            group = self._service.add_group(name=subjects.PREDICTOR_GROUP)
+            endpoints: dict[str, Answer] = {
+                subjects.PREDICT_ITERATIONS: self.predictor.iterations,
+                subjects.PREDICT_THROUGHPUT: self.predictor.throughput,
+                subjects.PREDICT_SLOWDOWN: self.predictor.slowdown,
+            }
+            for subject, answer in endpoints.items():
+                name = subject.removeprefix(subjects.PREDICTOR_GROUP + ".")
+                await group.add_endpoint(name=name, handler=self._handler(name, answer))
+            self._subscriptions = [
+                await self._nc.subscribe(subjects.ALL_JOB_PROGRESS, cb=self._on_progress),
+                await self._nc.subscribe(subjects.ALL_JOB_STATES, cb=self._on_state),
+            ]
+            if self.config.metrics_port is not None:
+                await self._serve_metrics(self.config.metrics_host, self.config.metrics_port)
+            await settle(self._nc)
+        except BaseException:
+            await self.stop()
+            raise
+        log.info(
+            "predictor started",
+            nats_url=self.config.nats_url,
+            data_dir=str(self.config.data_dir or "builtin"),
+            models=len(self.predictor.models()),
+            metrics=self.metrics_url,
+        )
+
+    async def stop(self) -> None:
+        if self._http is not None:
+            await self._http.cleanup()
+            self._http = None
+        if self._service is not None:
+            with contextlib.suppress(Exception):
+                await self._service.stop()
+            self._service = None
+        for subscription in self._subscriptions:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+        self._subscriptions = []
+        nc, self._nc = self._nc, None
+        if nc is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(nc.drain(), timeout=5)
+            if not nc.is_closed:
+                await nc.close()
+            log.info("predictor stopped")
+
+    @property
+    def service_id(self) -> str | None:
+        """This instance's id in ``$SRV`` answers (None when stopped)."""
+        return self._service.id if self._service is not None else None
+
+    @property
+    def metrics_url(self) -> str | None:
+        if self._http is None or not self._http.addresses:
+            return None
+        host, port = self._http.addresses[0][:2]
+        return f"http://{host}:{port}/metrics"
+
+    def metrics_text(self) -> bytes:
+        return generate_latest(self.metrics.registry)
+
+    # ----------------------------------------------------------------- requests
+
+    def _handler(self, endpoint: str, answer: Answer) -> Callable[[Request], Awaitable[None]]:
+        async def handle(request: Request) -> None:
+            await self._answer(endpoint, answer, request)
+
+        return handle
+
+    async def _answer(self, endpoint: str, answer: Answer, request: Request) -> None:
+        started = time.perf_counter()
+        code = "200"
+        try:
+            req, as_json = decode_request(request.data, request.headers)
+            prediction = answer(req)
+        except (BadRequest, ValueError) as exc:
+            code = "400"
+            raise ServiceError(code, _one_line(str(exc))) from None
+        except UnknownModelError as exc:
+            code = "404"
+            raise ServiceError(code, _one_line(str(exc))) from None
+        except Exception as exc:
+            code = "500"
+            log.exception("prediction failed", endpoint=endpoint)
+            raise ServiceError(code, _one_line(f"internal error: {exc!r}")) from None
+        finally:
+            self.metrics.requests.labels(endpoint, code).inc()
+            self.metrics.request_seconds.labels(endpoint).observe(time.perf_counter() - started)
+        if as_json:
+            await request.respond(msgspec.json.encode(prediction), headers=JSON_HEADERS)
+        else:
+            await request.respond(codec.encode(prediction), headers=codec.headers())
+
+    # ----------------------------------------------------------------- learning
+
+    async def _on_progress(self, msg: Msg) -> None:
+        try:
+            event = codec.decode(msg.data, JobProgressEvent)
+        except msgspec.DecodeError as exc:
+            self.metrics.observations.labels("progress", "invalid").inc()
+            log.warning("unreadable progress event", subject=msg.subject, error=str(exc))
+            return
+        try:
+            learned = self.predictor.observe_progress(event)
+        except (UnknownModelError, ValueError) as exc:
+            # a job running a model without a profile reports every second: stay quiet
+            self.metrics.observations.labels("progress", "invalid").inc()
+            log.debug("progress event not usable", job_id=event.job_id, error=str(exc))
+            return
+        except Exception:
+            self.metrics.observations.labels("progress", "invalid").inc()
+            log.exception("learning from a progress event failed", job_id=event.job_id)
+            return
+        self.metrics.observations.labels("progress", "learned" if learned else "ignored").inc()
+
+    async def _on_state(self, msg: Msg) -> None:
+        try:
+            event = codec.decode(msg.data, JobStateEvent)
+        except msgspec.DecodeError as exc:
+            log.warning("unreadable state event", subject=msg.subject, error=str(exc))
+            return
+        try:
+            if event.state.terminal:
+                self.predictor.forget_job(event.job_id)
+            if event.state is JobState.SUCCEEDED and event.job_id not in self._completed:
+                await self._learn_completion(event.job_id)
+        except Exception:
+            self.metrics.observations.labels("completion", "invalid").inc()
+            log.exception("learning from a completed job failed", job_id=event.job_id)
+
+    async def _learn_completion(self, job_id: str) -> None:
+        bound = log.bind(job_id=job_id)
+        assert self._stores is not None
+        try:
+            entry = await self._stores.jobs.get(job_id)
+        except KeyNotFoundError:
+            self.metrics.observations.labels("completion", "invalid").inc()
+            bound.warning("succeeded job has no record")
+            return
+        if entry.value is None:
+            return
+        try:
+            record = codec.decode(entry.value, JobRecord)
+        except msgspec.DecodeError as exc:
+            self.metrics.observations.labels("completion", "invalid").inc()
+            bound.warning("unreadable job record", error=str(exc))
+            return
+        try:
+            self.predictor.observe_completion(record.spec.model, record.total_iterations)
+        except (UnknownModelError, ValueError) as exc:
+            self.metrics.observations.labels("completion", "invalid").inc()
+            bound.debug("completed job not usable", error=str(exc))
+            return
+        self._completed[job_id] = None
+        while len(self._completed) > MAX_REMEMBERED_COMPLETIONS:
+            self._completed.popitem(last=False)
+        self.metrics.observations.labels("completion", "learned").inc()
+        bound.debug(
+            "learned iterations", model=record.spec.model, iterations=record.total_iterations
+        )
+
+    # ----------------------------------------------------------------- metrics
+
+    async def _serve_metrics(self, host: str, port: int) -> None:
+        async def metrics(_: web.Request) -> web.Response:
+            return web.Response(
+                body=self.metrics_text(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+            )
+
+        async def healthz(_: web.Request) -> web.Response:
+            connected = self._nc is not None and self._nc.is_connected
+            return web.json_response({"nats": connected}, status=200 if connected else 503)
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        app.router.add_get("/healthz", healthz)
+        self._http = web.AppRunner(app, access_log=None)
+        await self._http.setup()
+        await web.TCPSite(self._http, host, port).start()
+
+
+async def run(config: PredictorConfig, stop: asyncio.Event) -> None:
+    """Serve until ``stop`` is set."""
+    async with PredictorService(config):
+        await stop.wait()

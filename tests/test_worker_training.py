@@ -1,0 +1,268 @@
+"""The worker's zoo, its training step and its training loop, in-process on the CPU."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from libs.core.groundtruth import ProfilePerformanceModel
+from libs.sdk import JobContext
+from services.nodeagent.worker.catalog import (
+    ZOO_MODELS,
+    ModelSpec,
+    UnknownModelNameError,
+    zoo_model_for,
+)
+from services.nodeagent.worker.profiling import profile
+from services.nodeagent.worker.training import (
+    CheckpointMismatchError,
+    Trainer,
+    TrainingOptions,
+    make_optimizer,
+    run_job,
+    train_step,
+)
+from services.nodeagent.worker.zoo import SyntheticData, build_model, loss_of
+
+EXPECTED_ZOO_BY_CATEGORY = {"image": "cnn", "language": "transformer"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+def job(tmp_path: Path, **fields: Any) -> JobContext:
+    values: dict[str, Any] = {
+        "job_id": "job-1",
+        "model": "mlp",
+        "batch_size": 8,
+        "accum_steps": 2,
+        "total_iterations": 12,
+        "checkpoint_every": 5,
+        "checkpoint_dir": tmp_path / "checkpoints",
+        "progress_file": tmp_path / "progress.jsonl",
+    }
+    values.update(fields)
+    return JobContext(**values)
+
+
+def saved(ctx: JobContext) -> dict[str, Any]:
+    state = ctx.load_checkpoint()
+    assert isinstance(state, dict)
+    return state
+
+
+def events(path: Path) -> list[tuple[str, int]]:
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    return [(line["event"], line["iteration"]) for line in lines]
+
+
+# ---------------------------------------------------------------------- catalog
+
+
+def test_every_profile_of_the_ground_truth_maps_to_the_zoo_model_of_its_kind() -> None:
+    ground_truth = ProfilePerformanceModel.builtin()
+
+    for name in ground_truth.models():
+        category = ground_truth.profile(name).category
+        assert zoo_model_for(name) == EXPECTED_ZOO_BY_CATEGORY.get(category, "mlp"), name
+
+
+def test_zoo_names_map_to_themselves_and_unknown_names_are_refused() -> None:
+    assert [zoo_model_for(name.upper()) for name in ZOO_MODELS] == list(ZOO_MODELS)
+    with pytest.raises(UnknownModelNameError, match="'alexnet'"):
+        zoo_model_for("alexnet")
+
+
+def test_a_transformer_width_must_split_over_the_attention_heads() -> None:
+    with pytest.raises(ValueError, match="width"):
+        ModelSpec.for_model("bert", width=30)
+    assert ModelSpec.for_model("bert", width=32, depth=1) == ModelSpec("transformer", 32, 1)
+
+
+# ---------------------------------------------------------------------- data
+
+
+@pytest.mark.parametrize("zoo", ZOO_MODELS)
+def test_synthetic_data_is_a_function_of_seed_and_iteration(zoo: str) -> None:
+    spec = ModelSpec.for_model(zoo)
+    first, again = SyntheticData(spec, seed=3), SyntheticData(spec, seed=3)
+
+    inputs, targets = first.batch(5, 8)
+    same_inputs, same_targets = again.batch(5, 8)
+    next_inputs, _ = first.batch(6, 8)
+    other_seed_inputs, _ = SyntheticData(spec, seed=4).batch(5, 8)
+
+    assert torch.equal(inputs, same_inputs)
+    assert torch.equal(targets, same_targets)
+    assert not torch.equal(inputs, next_inputs)
+    assert not torch.equal(inputs, other_seed_inputs)
+    assert targets.unique().numel() > 1
+
+
+# ---------------------------------------------------------------------- accumulation
+
+
+@pytest.mark.parametrize("zoo", ZOO_MODELS)
+def test_accumulation_steps_give_the_same_update_as_the_whole_batch(zoo: str) -> None:
+    spec = ModelSpec.for_model(zoo)
+    torch.manual_seed(0)
+    whole = build_model(spec)
+    accumulated = copy.deepcopy(whole)
+    inputs, targets = SyntheticData(spec, seed=0).batch(0, 16)
+
+    def loss_function(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return loss_of(spec, outputs, labels)
+
+    whole_loss = train_step(
+        whole, make_optimizer(whole, 0.1), loss_function, inputs, targets, accum_steps=1
+    )
+    steps: list[int] = []
+    accumulated_loss = train_step(
+        accumulated,
+        make_optimizer(accumulated, 0.1),
+        loss_function,
+        inputs,
+        targets,
+        accum_steps=4,
+        after_accumulation_step=steps.append,
+    )
+
+    assert steps == [0, 1, 2, 3]
+    assert accumulated_loss == pytest.approx(whole_loss, rel=1e-5)
+    for (name, p_whole), p_accumulated in zip(
+        whole.named_parameters(), accumulated.parameters(), strict=True
+    ):
+        assert p_whole.grad is not None and p_accumulated.grad is not None
+        torch.testing.assert_close(p_accumulated.grad, p_whole.grad, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(p_accumulated, p_whole, rtol=1e-5, atol=1e-6, msg=name)
+    assert any(p.grad.abs().sum() > 0 for p in whole.parameters() if p.grad is not None)
+
+
+def test_a_batch_that_does_not_split_evenly_is_refused_by_the_step() -> None:
+    spec = ModelSpec.for_model("mlp")
+    model = build_model(spec)
+    inputs, targets = SyntheticData(spec, seed=0).batch(0, 10)
+
+    with pytest.raises(ValueError, match="divisible by accum_steps 4"):
+        train_step(
+            model,
+            make_optimizer(model, 0.1),
+            lambda o, t: loss_of(spec, o, t),
+            inputs,
+            targets,
+            accum_steps=4,
+        )
+
+
+def test_training_lowers_the_loss() -> None:
+    trainer = Trainer(
+        ModelSpec.for_model("mlp"),
+        batch_size=32,
+        accum_steps=1,
+        device="cpu",
+        options=TrainingOptions(learning_rate=0.05),
+    )
+    losses = [trainer.step(iteration) for iteration in range(60)]
+
+    assert sum(losses[-10:]) < 0.8 * sum(losses[:10])
+
+
+# ---------------------------------------------------------------------- the loop
+
+
+def test_a_run_checkpoints_periodically_and_at_the_end(tmp_path: Path) -> None:
+    ctx = job(tmp_path)
+
+    assert run_job(ctx, ModelSpec.for_model("mlp"), TrainingOptions()) == "done"
+    ctx.close()
+
+    recorded = events(tmp_path / "progress.jsonl")
+    checkpoints = [iteration for event, iteration in recorded if event == "checkpoint"]
+    assert checkpoints == [5, 10, 12]
+    assert recorded[-1] == ("done", 12)
+    assert saved(ctx)["iteration"] == 12
+
+
+def test_a_run_with_a_different_accumulation_continues_the_same_training(
+    tmp_path: Path,
+) -> None:
+    spec = ModelSpec.for_model("cnn")
+    straight = job(tmp_path / "straight", accum_steps=1)
+    run_job(straight, spec, TrainingOptions())
+    first_half = job(tmp_path / "split", accum_steps=1, total_iterations=6)
+    run_job(first_half, spec, TrainingOptions())
+    second_half = job(tmp_path / "split", accum_steps=4)
+    run_job(second_half, spec, TrainingOptions())
+
+    expected = saved(straight)["model"]
+    resumed = saved(second_half)["model"]
+    for name, tensor in expected.items():
+        torch.testing.assert_close(resumed[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_stop_before_the_first_iteration_still_leaves_a_checkpoint(tmp_path: Path) -> None:
+    ctx = job(tmp_path)
+    ctx.request_stop()
+
+    assert run_job(ctx, ModelSpec.for_model("mlp"), TrainingOptions()) == "stopped"
+    ctx.close()
+
+    assert events(tmp_path / "progress.jsonl") == [("checkpoint", 0)]
+    assert saved(ctx)["iteration"] == 0
+
+
+def test_a_finished_job_started_again_is_done_at_once(tmp_path: Path) -> None:
+    spec = ModelSpec.for_model("mlp")
+    run_job(job(tmp_path), spec, TrainingOptions())
+    again = job(tmp_path, progress_file=tmp_path / "again.jsonl")
+
+    assert run_job(again, spec, TrainingOptions()) == "done"
+    again.close()
+
+    assert events(tmp_path / "again.jsonl") == [("done", 12)]
+
+
+def test_a_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:
+    run_job(job(tmp_path), ModelSpec.for_model("mlp"), TrainingOptions())
+
+    with pytest.raises(CheckpointMismatchError, match="zoo, width, depth, seed"):
+        run_job(job(tmp_path), ModelSpec.for_model("mlp", width=16), TrainingOptions())
+
+
+# ---------------------------------------------------------------------- profile mode
+
+
+def test_profiling_measures_every_batch_size() -> None:
+    report = profile(
+        ModelSpec.for_model("transformer"),
+        [4, 8],
+        model_name="bert",
+        device="cpu",
+        accum_steps=2,
+        warmup=1,
+        repeats=2,
+    )
+
+    assert (report["model"], report["zoo"], report["device"]) == ("bert", "transformer", "cpu")
+    assert [row["batch_size"] for row in report["results"]] == [4, 8]
+    for row in report["results"]:
+        assert row["mean_iteration_s"] > 0
+        assert row["samples_per_s"] == pytest.approx(row["batch_size"] / row["mean_iteration_s"])
+        assert row["gpu_mem_mb"] > 0
+    json.dumps(report)
+
+
+def test_profiling_refuses_a_batch_that_does_not_split() -> None:
+    with pytest.raises(ValueError, match="batch_sizes: 6"):
+        profile(ModelSpec.for_model("mlp"), [8, 6], model_name="mlp", device="cpu", accum_steps=4)
