@@ -25,6 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from libs.cli.live import register as register_live_commands
+from libs.cli.serve import register as register_service_commands
 from libs.core.perf import UnknownModelError
 from libs.core.traces import TraceError
 from libs.core.workload import parse_mix
@@ -282,6 +283,7 @@ def _fail(console: Console, message: str, code: int = USAGE_EXIT) -> NoReturn:
 
 
 register_live_commands(app)
+register_service_commands(app)
 
 
 def main() -> None:

@@ -37,8 +37,12 @@ async def connect(
 ) -> Client:
     """A client that reconnects forever: a NATS restart is a pause, not a crash."""
 
+    client: list[Client] = []
+
     async def disconnected() -> None:
-        log.warning("nats disconnected", client=name)
+        closing = client and (client[0].is_closed or client[0].is_draining)
+        if not closing:
+            log.warning("nats disconnected", client=name)
 
     async def reconnected() -> None:
         log.info("nats reconnected", client=name)
@@ -62,7 +66,9 @@ async def connect(
     deadline = asyncio.get_running_loop().time() + first_connect_s
     while True:
         try:
-            return await nats.connect(**settings)
+            nc = await nats.connect(**settings)
+            client.append(nc)
+            return nc
         except Exception as exc:
             if asyncio.get_running_loop().time() > deadline:
                 raise ConnectionError(f"cannot reach NATS at {url}: {exc}") from exc

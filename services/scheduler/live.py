@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -40,7 +41,6 @@ from libs.common.schemas import (
     JobStateEvent,
     NodeInfo,
     Placement,
-    Prediction,
     PredictRequest,
     Progress,
     StartJob,
@@ -50,6 +50,7 @@ from libs.common.schemas import (
 from libs.core.decision import Start
 from libs.core.groundtruth import load_performance_model
 from libs.core.perf import PerformanceModel, UnknownModelError
+from services.predictor.client import PredictorClient, PredictorClientError
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.lease import LeaderLease
 from services.scheduler.policies import make_policy
@@ -124,6 +125,7 @@ class LiveScheduler(Actor[Message]):
         self.policy = make_policy(config.policy)
         truth: PerformanceModel = load_performance_model(config.data_dir)
         self.estimates: PerformanceModel = ScaledModel(truth, config.time_scale)
+        self.predictor = PredictorClient(nc, timeout_s=config.predictor_timeout_s)
         self.jobs: dict[str, LiveJob] = {}
         self.nodes: dict[str, LiveNode] = {}
         self.layout: Layout | None = None
@@ -207,17 +209,10 @@ class LiveScheduler(Actor[Message]):
             mem_gb_per_gpu=spec.mem_gb_per_gpu,
         )
         try:
-            reply = await self.nc.request(
-                subjects.PREDICT_THROUGHPUT,
-                codec.encode(request),
-                timeout=self.config.predictor_timeout_s,
-                headers=codec.headers(),
-            )
-            if not (reply.headers or {}).get("Nats-Service-Error"):
-                prediction = codec.decode(reply.data, Prediction)
-                if prediction.iteration_s:
-                    return prediction.iteration_s * self.config.time_scale
-        except Exception as exc:
+            prediction = await self.predictor.throughput(request)
+            if prediction.iteration_s:
+                return prediction.iteration_s * self.config.time_scale
+        except PredictorClientError as exc:
             self.log.debug("predictor unavailable; using local profiles", error=str(exc))
         return self.estimates.iteration_time(spec.model, spec.batch_size, spec.gpus, nodes)
 
@@ -674,12 +669,12 @@ class SchedulerService:
             await stack.enter_async_context(scheduler)
             beats = await self.nc.subscribe(
                 subjects.ALL_HEARTBEATS,
-                cb=lambda m: _tell(scheduler, m, Heartbeat, Beat),
+                cb=functools.partial(_tell, scheduler, Heartbeat, Beat),
             )
             stack.push_async_callback(_unsubscribe, beats)
             progress = await self.nc.subscribe(
                 subjects.ALL_JOB_PROGRESS,
-                cb=lambda m: _tell(scheduler, m, JobProgressEvent, ProgressSeen),
+                cb=functools.partial(_tell, scheduler, JobProgressEvent, ProgressSeen),
             )
             stack.push_async_callback(_unsubscribe, progress)
             consumer = asyncio.create_task(self._consume(scheduler), name="scheduler-consumer")
@@ -717,20 +712,25 @@ class SchedulerService:
             except Exception as exc:
                 self.log.warning("cannot bind the jobs consumer yet", error=str(exc))
                 await asyncio.sleep(0.5)
-        while True:
-            try:
-                messages = await sub.fetch(256, timeout=1.0)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                # a fetch timeout when idle, or NATS reconnecting: try again
-                await asyncio.sleep(0.01)
-                continue
-            for msg in messages:
-                scheduler.tell(Durable(msg))
+        try:
+            while True:
+                try:
+                    messages = await sub.fetch(256, timeout=1.0)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    # a fetch timeout when idle, or NATS reconnecting: try again
+                    await asyncio.sleep(0.01)
+                    continue
+                for msg in messages:
+                    scheduler.tell(Durable(msg))
+        finally:
+            # an open pull request would hold up draining the connection
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
 
-async def _tell(scheduler: LiveScheduler, msg: Msg, kind: type, wrap: type) -> None:
+async def _tell(scheduler: LiveScheduler, kind: type, wrap: type, msg: Msg) -> None:
     try:
         scheduler.tell(wrap(codec.decode(msg.data, kind)))
     except msgspec.DecodeError as exc:

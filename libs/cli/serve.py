@@ -1,0 +1,126 @@
+"""``gpusched up`` and ``gpusched service NAME``: run the system."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from services.scheduler.policies import POLICIES
+
+
+class ServiceName(StrEnum):
+    admission = "admission"
+    scheduler = "scheduler"
+    predictor = "predictor"
+    nodeagent = "nodeagent"
+
+
+class JobsMode(StrEnum):
+    simulated = "simulated"
+    process = "process"
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def up(
+        nodes: Annotated[int, typer.Option(help="Emulated node agents to start.")] = 2,
+        gpus_per_node: Annotated[int, typer.Option(help="Emulated GPUs per node.")] = 4,
+        gpu_model: Annotated[str, typer.Option(help="Emulated GPU, e.g. V100-32GB.")] = (
+            "V100-32GB"
+        ),
+        policy: Annotated[str, typer.Option(help=f"One of: {', '.join(POLICIES)}.")] = (
+            "sjf-bsbf"
+        ),
+        host: Annotated[str, typer.Option(help="Address the HTTP API listens on.")] = (
+            "127.0.0.1"
+        ),
+        port: Annotated[int, typer.Option(help="HTTP API port (0: any free port).")] = 8080,
+        jobs: Annotated[
+            JobsMode,
+            typer.Option(help="simulated: jobs advance at profiled speed; process: real torch."),
+        ] = JobsMode.simulated,
+        time_scale: Annotated[
+            float, typer.Option(help="Wall seconds per profiled second for simulated jobs.")
+        ] = 1.0,
+        state_dir: Annotated[
+            Path | None, typer.Option(help="JetStream data, checkpoints and job logs.")
+        ] = None,
+        data_dir: Annotated[
+            Path | None, typer.Option(help="Research profiles (default: built-in).")
+        ] = None,
+        token: Annotated[str | None, typer.Option(help="API token (default: a new one).")] = None,
+    ) -> None:
+        """Start a whole local cluster: nats-server, services and emulated nodes."""
+        from libs.cli.client import up_file
+        from libs.cli.up import LocalCluster, UpConfig
+        from libs.common.logging import configure_logging
+        from services.scheduler.policies import UnknownPolicyError
+
+        configure_logging()
+        err = Console(stderr=True)
+        try:
+            if policy.strip().lower() not in POLICIES:
+                raise UnknownPolicyError(policy)
+            config = UpConfig(
+                nodes=nodes, gpus_per_node=gpus_per_node, gpu_model=gpu_model, policy=policy,
+                host=host, port=port, jobs_mode=jobs.value, time_scale=time_scale,
+                state_dir=state_dir or up_file().parent, data_dir=data_dir, token=token,
+            )
+        except ValueError as exc:
+            err.print(f"[bold red]error:[/] {exc}")
+            raise typer.Exit(2) from None
+
+        async def run() -> None:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            async with LocalCluster(config) as cluster:
+                out = Console()
+                out.print(f"gpusched is up: {nodes} nodes x {gpus_per_node} GPUs, "
+                          f"policy {policy}")
+                out.print(f"  API    {cluster.url}")
+                out.print(f"  token  {cluster.token}")
+                out.print(f"  NATS   {cluster.nats_url}")
+                out.print("  try    gpusched submit --model resnet50 --batch-size 64 "
+                          "--iterations 500; gpusched jobs")
+                out.print("Ctrl-C stops everything.", style="dim")
+                await stop.wait()
+                out.print("stopping...", style="dim")
+
+        try:
+            asyncio.run(run())
+        except OSError as exc:
+            err.print(f"[bold red]error:[/] {exc}")
+            raise typer.Exit(1) from None
+
+    @app.command()
+    def service(
+        name: Annotated[ServiceName, typer.Argument(help="Which service to run.")],
+        nodes: Annotated[
+            int, typer.Option(help="nodeagent only: emulate this many nodes.")
+        ] = 1,
+    ) -> None:
+        """Run one service against NATS_URL, configured from the environment."""
+        if name is ServiceName.admission:
+            from services.admission.__main__ import main as admission
+
+            admission()
+        elif name is ServiceName.scheduler:
+            from services.scheduler.__main__ import main as scheduler
+
+            scheduler()
+        elif name is ServiceName.predictor:
+            from services.predictor.__main__ import main as predictor
+
+            predictor()
+        else:
+            from services.nodeagent.__main__ import main as nodeagent
+
+            nodeagent(["--nodes", str(nodes)])

@@ -1,0 +1,124 @@
+"""A whole cluster in one process: nats-server, admission, scheduler, predictor, agents."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from libs.cli.client import up_file
+from libs.common.embedded import NatsServer
+from services.admission.config import AdmissionConfig
+from services.admission.service import AdmissionService
+from services.nodeagent.cluster import EmulatedCluster
+from services.predictor.config import PredictorConfig
+from services.predictor.service import PredictorService
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.live import SchedulerService
+
+
+@dataclass(frozen=True)
+class UpConfig:
+    nodes: int = 2
+    gpus_per_node: int = 4
+    gpu_model: str = "V100-32GB"
+    policy: str = "sjf-bsbf"
+    host: str = "127.0.0.1"
+    port: int = 8080
+    #: an existing NATS server; None starts an embedded one
+    nats_url: str | None = None
+    #: JetStream storage, checkpoints and job logs
+    state_dir: Path = field(default_factory=lambda: up_file().parent)
+    jobs_mode: Literal["simulated", "process"] = "simulated"
+    #: wall seconds per ground-truth second for simulated jobs
+    time_scale: float = 1.0
+    data_dir: Path | None = None
+    token: str | None = None
+    heartbeat_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.nodes < 0:
+            raise ValueError(f"nodes: must be >= 0, got {self.nodes}")
+        if self.gpus_per_node < 1:
+            raise ValueError(f"gpus_per_node: must be >= 1, got {self.gpus_per_node}")
+        if self.time_scale <= 0:
+            raise ValueError(f"time_scale: must be > 0, got {self.time_scale}")
+
+
+class LocalCluster:
+    """``async with LocalCluster(config) as cluster``: everything up; ``cluster.url``,
+    ``cluster.token`` and ``cluster.nats_url`` say how to reach it."""
+
+    def __init__(self, config: UpConfig) -> None:
+        self.config = config
+        self.token = config.token or secrets.token_urlsafe(24)
+        self.nats_url = config.nats_url or ""
+        self.url = ""
+        self.nats: NatsServer | None = None
+        self.scheduler: SchedulerService | None = None
+        self.agents: EmulatedCluster | None = None
+        self._stack = contextlib.AsyncExitStack()
+
+    async def __aenter__(self) -> LocalCluster:
+        try:
+            await self._start()
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        return self
+
+    async def _start(self) -> None:
+        config = self.config
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        if not self.nats_url:
+            self.nats = NatsServer(store_dir=config.state_dir / "nats").start()
+            self._stack.callback(self.nats.close)
+            self.nats_url = self.nats.url
+        url = self.nats_url
+        await self._stack.enter_async_context(
+            PredictorService(PredictorConfig(nats_url=url, data_dir=config.data_dir))
+        )
+        self.scheduler = await self._stack.enter_async_context(
+            SchedulerService(
+                SchedulerConfig(
+                    nats_url=url, policy=config.policy, time_scale=config.time_scale,
+                    data_dir=config.data_dir,
+                    node_timeout_s=max(5.0, 5 * config.heartbeat_s),
+                )
+            )
+        )
+        if config.nodes:
+            self.agents = await self._stack.enter_async_context(
+                EmulatedCluster.of(
+                    url, config.nodes, config.gpus_per_node,
+                    gpu_model=config.gpu_model, work_dir=config.state_dir / "work",
+                    jobs_mode=config.jobs_mode, time_scale=config.time_scale,
+                    data_dir=config.data_dir, heartbeat_s=config.heartbeat_s,
+                )
+            )
+        admission = await self._stack.enter_async_context(
+            AdmissionService(
+                AdmissionConfig(
+                    nats_url=url, host=config.host, port=config.port,
+                    tokens={self.token: "default"}, data_dir=config.data_dir,
+                )
+            )
+        )
+        self.url = admission.url
+        path = up_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"url": self.url, "token": self.token, "nats_url": url}))
+        path.chmod(0o600)
+        self._stack.callback(_forget, path, self.url)
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+
+def _forget(path: Path, url: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads(path.read_text()).get("url") == url:
+            path.unlink()

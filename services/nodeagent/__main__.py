@@ -1,0 +1,55 @@
+"""``python -m services.nodeagent [--nodes N]``: run a node agent (or N emulated ones,
+named ``<name>-0`` .. ``<name>-<N-1>``) until SIGINT or SIGTERM, with its settings from
+the environment (see ``services.nodeagent.config.ENVIRONMENT``). On the signal, running
+jobs are preempted so that they checkpoint, their exits are delivered, and the node
+deregisters."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+
+from prometheus_client import start_http_server
+
+from libs.common.logging import configure_logging
+from services.nodeagent.agent import NodeAgent
+from services.nodeagent.cluster import EmulatedCluster
+from services.nodeagent.config import NodeAgentConfig
+
+
+async def serve(config: NodeAgentConfig, nodes: int = 1) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if config.metrics_port is not None:
+        start_http_server(config.metrics_port)
+    service: contextlib.AbstractAsyncContextManager[object] = (
+        NodeAgent(config) if nodes == 1 else EmulatedCluster(config, nodes, prefix=config.name)
+    )
+    async with service:
+        await stop.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m services.nodeagent", description=__doc__)
+    parser.add_argument(
+        "--nodes", type=int, default=1,
+        help="emulate this many nodes in one process (default 1: this node)",
+    )
+    args = parser.parse_args(argv)
+    if args.nodes < 1:
+        parser.error("--nodes: must be >= 1")
+    configure_logging()
+    try:
+        config = NodeAgentConfig.from_env()
+    except ValueError as exc:
+        sys.exit(f"node agent: {exc}")
+    asyncio.run(serve(config, args.nodes))
+
+
+if __name__ == "__main__":
+    main()
