@@ -11,6 +11,7 @@ acknowledged only once handled, so a crash of the leader loses none of them.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import time
@@ -66,6 +67,9 @@ from services.scheduler.state import (
 
 log = structlog.get_logger("gpusched.scheduler")
 
+#: how often the leader looks for stored jobs it was never told about
+RESCAN_S = 30.0
+
 
 # ---- messages to the actor ----------------------------------------------------------
 
@@ -98,10 +102,21 @@ class Sweep:
 
 
 @dataclass(frozen=True)
+class Rescan:
+    pass
+
+
+@dataclass(frozen=True)
 class StartResult:
     job_id: str
     run_id: int
     error: str
+
+
+@dataclass(frozen=True)
+class Estimated:
+    job_id: str
+    iteration_s: float
 
 
 @dataclass(frozen=True)
@@ -111,7 +126,10 @@ class StopFailed:
     error: str
 
 
-Message = Durable | Beat | ProgressSeen | Round | Sweep | StartResult | StopFailed
+Message = (
+    Durable | Beat | ProgressSeen | Round | Sweep | Rescan | StartResult | StopFailed
+    | Estimated
+)
 
 
 class LiveScheduler(Actor[Message]):
@@ -127,6 +145,8 @@ class LiveScheduler(Actor[Message]):
         self.estimates: PerformanceModel = ScaledModel(truth, config.time_scale)
         self.predictor = PredictorClient(nc, timeout_s=config.predictor_timeout_s)
         self.jobs: dict[str, LiveJob] = {}
+        #: ids of jobs known to be finished, so a rescan does not read them again
+        self.settled: set[str] = set()
         self.nodes: dict[str, LiveNode] = {}
         self.layout: Layout | None = None
         self.round_queued = False
@@ -134,6 +154,9 @@ class LiveScheduler(Actor[Message]):
         self.last_decide_ms = 0.0
         self.wake_at: float | None = None
         self.leading_since = time.time()
+        #: how long heartbeats waited before this actor saw them (its input lag)
+        self.beat_lag_s: collections.deque[float] = collections.deque(maxlen=10_000)
+        self.decide_ms: collections.deque[float] = collections.deque(maxlen=10_000)
 
     # ---- lifecycle ------------------------------------------------------------------
     async def on_start(self) -> None:
@@ -141,6 +164,7 @@ class LiveScheduler(Actor[Message]):
         await self._load_jobs()
         self.every(self.config.decide_every_s, Round)
         self.every(min(1.0, self.config.node_timeout_s / 3), Sweep)
+        self.every(RESCAN_S, Rescan)
         self.log.info(
             "leading", policy=self.policy.name, jobs=len(self.jobs), nodes=len(self.nodes)
         )
@@ -161,6 +185,20 @@ class LiveScheduler(Actor[Message]):
         for key in await _keys(self.stores.jobs):
             await self._adopt(key)
 
+    async def _rescan(self) -> None:
+        """Adopt stored jobs whose submission message never came (a crash between the
+        two writes of a submit)."""
+        try:
+            keys = await _keys(self.stores.jobs)
+        except Exception as exc:
+            self.log.debug("rescan failed", error=str(exc))
+            return
+        for key in keys:
+            if key not in self.jobs and key not in self.settled:
+                if await self._adopt(key) is not None:
+                    self.log.info("adopted a job without a submission message", job_id=key)
+                    self._request_round()
+
     async def _adopt(self, job_id: str) -> LiveJob | None:
         """Take a stored record into the picture (a submission, or state after takeover)."""
         if job_id in self.jobs:
@@ -173,9 +211,10 @@ class LiveScheduler(Actor[Message]):
             return None
         record = codec.decode(entry.value, JobRecord)
         if record.state.terminal:
+            self.settled.add(job_id)
             return None
         try:
-            est = await self._estimate_iteration_s(record)
+            est = self._profiled_iteration_s(record)
         except UnknownModelError as exc:
             job = LiveJob(record, entry.revision, est_iteration_s=0.0)
             self.jobs[job_id] = job
@@ -195,9 +234,17 @@ class LiveScheduler(Actor[Message]):
             job.phase = Phase.STOPPING if record.cancel_requested else Phase.RUNNING
             job.stop_reason = "cancel" if record.cancel_requested else ""
         self.jobs[job_id] = job
+        # the profile answers now; the predictor's (learned) figure replaces it when it comes
+        self.spawn(self._ask_predictor(record))
         return job
 
-    async def _estimate_iteration_s(self, record: JobRecord) -> float:
+    def _profiled_iteration_s(self, record: JobRecord) -> float:
+        spec = record.spec
+        nodes = consolidated_nodes(spec.gpus, self.layout.cluster if self.layout else None)
+        return self.estimates.iteration_time(spec.model, spec.batch_size, spec.gpus, nodes)
+
+    async def _ask_predictor(self, record: JobRecord) -> None:
+        """Runs beside the actor; reports back as a message."""
         spec = record.spec
         nodes = consolidated_nodes(spec.gpus, self.layout.cluster if self.layout else None)
         request = PredictRequest(
@@ -210,11 +257,11 @@ class LiveScheduler(Actor[Message]):
         )
         try:
             prediction = await self.predictor.throughput(request)
-            if prediction.iteration_s:
-                return prediction.iteration_s * self.config.time_scale
         except PredictorClientError as exc:
-            self.log.debug("predictor unavailable; using local profiles", error=str(exc))
-        return self.estimates.iteration_time(spec.model, spec.batch_size, spec.gpus, nodes)
+            self.log.debug("predictor unavailable; keeping the profile", error=str(exc))
+            return
+        if prediction.iteration_s:
+            self.tell(Estimated(record.id, prediction.iteration_s * self.config.time_scale))
 
     # ---- dispatch -------------------------------------------------------------------
     async def handle(self, message: Message) -> None:
@@ -230,8 +277,13 @@ class LiveScheduler(Actor[Message]):
                 await self._round()
             case Sweep():
                 await self._sweep()
+            case Rescan():
+                await self._rescan()
             case StartResult():
                 await self._start_result(message)
+            case Estimated(job_id, iteration_s):
+                if job_id in self.jobs:
+                    self.jobs[job_id].est_iteration_s = iteration_s
             case StopFailed():
                 self.log.warning("stop not confirmed", job_id=message.job_id, error=message.error)
 
@@ -297,6 +349,7 @@ class LiveScheduler(Actor[Message]):
     async def _finish(self, job: LiveJob, state: JobState, reason: str, **changes: Any) -> None:
         await self._transition(job, state, reason, **changes)
         self.jobs.pop(job.id, None)
+        self.settled.add(job.id)
         self._request_round()
 
     async def _requeue(self, job: LiveJob, state: JobState, reason: str, **changes: Any) -> None:
@@ -376,6 +429,7 @@ class LiveScheduler(Actor[Message]):
 
     async def _beat(self, beat: Heartbeat) -> None:
         now = time.time()
+        self.beat_lag_s.append(max(0.0, now - beat.at))
         node = self.nodes.get(beat.node)
         if node is None:
             with contextlib.suppress(KeyNotFoundError):
@@ -461,6 +515,7 @@ class LiveScheduler(Actor[Message]):
             return
         decision = self.policy.decide(snapshot)
         self.last_decide_ms = (time.perf_counter() - started) * 1000
+        self.decide_ms.append(self.last_decide_ms)
         self.rounds += 1
         for preempt in decision.preemptions:
             job = self.jobs.get(preempt.job_id)

@@ -1,0 +1,19 @@
+# One image for every gpusched service; the command picks the service:
+#   docker run gpusched gpusched service scheduler
+FROM python:3.11-slim
+
+WORKDIR /opt/gpusched
+# The CPU build of torch keeps the image small; compose.gpu.yaml runs node agents on
+# hosts with NVIDIA GPUs, where a CUDA build can be installed with TORCH_INDEX instead.
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+RUN pip install --no-cache-dir --index-url "$TORCH_INDEX" "torch==2.13.0"
+
+COPY pyproject.toml README.md ./
+COPY libs ./libs
+COPY services ./services
+RUN pip install --no-cache-dir .
+
+ENV GPUSCHED_LOG_LEVEL=info \
+    PYTHONUNBUFFERED=1
+EXPOSE 8080
+CMD ["gpusched", "--help"]

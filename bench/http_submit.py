@@ -1,0 +1,177 @@
+"""Job submissions through the admission HTTP API: throughput and latency.
+
+By default starts an embedded nats-server and an admission service in this process,
+and runs the HTTP clients (32 concurrent connections) in a separate process, so the
+load generator's work is not counted against the service's event loop. With --url and
+--token it targets a running service (e.g. one started by ``gpusched up``) instead.
+
+    python bench/http_submit.py [--jobs 5000 | --duration 10] [--concurrency 32]
+                                [--url http://127.0.0.1:8080 --token TOKEN]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from libs.common import subjects
+from libs.common.bus import Stores, connection
+from libs.common.embedded import NatsServer
+from libs.common.logging import configure_logging
+from services.admission import AdmissionConfig, AdmissionService
+
+BENCH_TOKEN = "bench-token"
+BODY = json.dumps(
+    {"name": "bench", "model": "resnet50", "batch_size": 64, "iterations": 1000, "gpus": 1}
+).encode()
+
+
+@dataclass
+class LoadResult:
+    latencies_s: list[float]
+    errors: dict[str, int]
+    wall_s: float
+
+
+async def _load(url: str, token: str | None, jobs: int | None, duration_s: float | None,
+                concurrency: int, warmup: int) -> LoadResult:
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
+        endpoint = f"{url}/v1/jobs"
+
+        async def post() -> float:
+            started = time.perf_counter()
+            async with session.post(endpoint, data=BODY) as response:
+                await response.read()
+                if response.status != 201:
+                    errors[str(response.status)] = errors.get(str(response.status), 0) + 1
+            return time.perf_counter() - started
+
+        # connections opened and code paths warmed before measuring
+        await asyncio.gather(*(post() for _ in range(warmup)))
+        errors.clear()
+        remaining = jobs
+        deadline = time.perf_counter() + duration_s if duration_s else None
+
+        async def worker() -> None:
+            nonlocal remaining
+            while True:
+                if deadline is not None:
+                    if time.perf_counter() >= deadline:
+                        return
+                else:
+                    assert remaining is not None
+                    if remaining <= 0:
+                        return
+                    remaining -= 1
+                try:
+                    latencies.append(await post())
+                except aiohttp.ClientError as exc:
+                    errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall_s = time.perf_counter() - started
+    return LoadResult(latencies, errors, wall_s)
+
+
+def _client_process(arguments: dict[str, Any], results: Any) -> None:
+    result = asyncio.run(_load(**arguments))
+    results.put(result)
+
+
+async def _run_clients(arguments: dict[str, Any]) -> LoadResult:
+    """The load generator in its own process; this loop keeps serving meanwhile."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    process = context.Process(target=_client_process, args=(arguments, results), daemon=True)
+    process.start()
+    try:
+        loop = asyncio.get_running_loop()
+        result: LoadResult = await loop.run_in_executor(None, results.get)
+    finally:
+        await loop.run_in_executor(None, process.join)
+    return result
+
+
+def _report(result: LoadResult, where: str) -> None:
+    latencies = sorted(result.latencies_s)
+    count = len(latencies)
+    if not count:
+        print("no request completed", result.errors)
+        return
+    p50 = statistics.median(latencies) * 1000
+    p99 = latencies[min(count - 1, int(count * 0.99))] * 1000
+    errors = sum(result.errors.values())
+    print(where)
+    print(f"requests     {count} in {result.wall_s:.2f} s")
+    print(f"submissions  {(count - errors) / result.wall_s:,.0f}/s")
+    print(f"latency ms   p50 {p50:.2f}  p99 {p99:.2f}  max {latencies[-1] * 1000:.2f}")
+    print(f"errors       {errors} {result.errors or ''}")
+
+
+async def _in_process(arguments: dict[str, Any]) -> None:
+    with NatsServer() as server:
+        config = AdmissionConfig(
+            nats_url=server.url, port=0, tokens={BENCH_TOKEN: "bench"}
+        )
+        async with AdmissionService(config) as service:
+            result = await _run_clients({**arguments, "url": service.url, "token": BENCH_TOKEN})
+            _report(
+                result,
+                "admission service and embedded nats-server in this process; "
+                f"{arguments['concurrency']} HTTP clients in a separate process",
+            )
+            async with connection(server.url, "bench-check") as nc:
+                stores = await Stores.open(nc)
+                info = await stores.js.stream_info(subjects.JOBS_STREAM)
+                print(f"stream       {info.state.messages} submissions stored (warm-up included)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=5000, help="submissions to send")
+    parser.add_argument("--duration", type=float, default=None,
+                        help="send for this many seconds instead of a fixed count")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--url", default=None, help="a running admission service")
+    parser.add_argument("--token", default=None, help="bearer token for --url")
+    parser.add_argument("--log-level", default="warning",
+                        help="the in-process service's log level (info logs every job)")
+    args = parser.parse_args()
+    configure_logging(level=args.log_level, json=True)
+    if args.jobs < 1 or args.concurrency < 1 or (args.duration is not None and args.duration <= 0):
+        parser.error("--jobs, --concurrency and --duration must be positive")
+    arguments = {
+        "jobs": None if args.duration else args.jobs,
+        "duration_s": args.duration,
+        "concurrency": args.concurrency,
+        "warmup": args.warmup,
+    }
+    if args.url:
+        result = asyncio.run(
+            _run_clients({**arguments, "url": args.url.rstrip("/"), "token": args.token})
+        )
+        _report(result, f"{args.url}; {args.concurrency} HTTP clients in a separate process")
+        return
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_in_process(arguments))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+"""``python -m services.admission``: the admission service, configured from the
+environment (see ``AdmissionConfig.from_env``)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from libs.common.logging import configure_logging
+from services.admission.config import AdmissionConfig
+from services.admission.service import serve
+
+
+def main() -> None:
+    configure_logging()
+    try:
+        config = AdmissionConfig.from_env()
+    except ValueError as exc:
+        print(f"gpusched admission: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    asyncio.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,655 @@
+"""The HTTP API: routes, the error middleware and the job submission path."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any
+
+import msgspec
+import nats.errors
+import structlog
+from aiohttp import ClientConnectionResetError, hdrs, web
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
+
+from libs.common import codec, subjects
+from libs.common.bus import Stores
+from libs.common.schemas import (
+    CancelRequest,
+    JobProgressEvent,
+    JobRecord,
+    JobSpec,
+    JobState,
+    JobStateEvent,
+    JobSubmitted,
+    StateChange,
+    now,
+)
+from libs.core.groundtruth import load_performance_model
+from services.admission import problems
+from services.admission.auth import Authenticator
+from services.admission.config import AdmissionConfig
+from services.admission.ids import (
+    MAX_IDEMPOTENCY_KEY,
+    idempotent_job_id,
+    is_job_id,
+    new_job_id,
+    valid_idempotency_key,
+)
+from services.admission.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from services.admission.metrics import UNMATCHED_ROUTE, Metrics
+from services.admission.openapi import build_openapi
+from services.admission.problems import ProblemError
+from services.admission.specs import ACCEPTED_TYPES, accepts, decode_spec, total_iterations
+from services.admission.state import JobIndex, KvMirror, NodeIndex, TelemetryCache
+from services.admission.views import (
+    ClusterTotals,
+    ClusterView,
+    GpuView,
+    Health,
+    JobList,
+    NodeView,
+)
+
+log = structlog.get_logger("gpusched.admission")
+
+PENDING_REASON = "waiting for the scheduler"
+MAX_PAGE = 1000
+DEFAULT_PAGE = 50
+#: an idle event stream sends a comment this often, and re-reads the record in case a
+#: terminal event was lost while NATS was away
+KEEPALIVE_S = 15.0
+#: how long startup waits for the job mirror to hold every stored record
+SYNC_TIMEOUT_S = 10.0
+#: progress events an event stream buffers for a slow reader before dropping them
+MAX_BUFFERED_PROGRESS = 256
+#: routes anyone may call
+PUBLIC_ROUTES = frozenset({"/healthz", "/metrics", "/openapi.json"})
+LIST_PARAMETERS = frozenset({"state", "limit", "after"})
+
+TENANT = web.RequestKey("tenant", str)
+
+_json = msgspec.json.Encoder()
+_STOP_STREAM = ("stop", b"")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def make_app(
+    config: AdmissionConfig,
+    nc: Client,
+    stores: Stores,
+    *,
+    models: Iterable[str] | None = None,
+) -> web.Application:
+    """The aiohttp application. ``models`` are the model names jobs may use (default:
+    the performance model of ``config.data_dir``). Its background work (the KV mirrors
+    and the telemetry subscription) starts and stops with the app's runner."""
+    if models is None:
+        models = load_performance_model(config.data_dir).models()
+    api = AdmissionApi(config, nc, stores, models)
+    app = web.Application(middlewares=[api.middleware], client_max_size=config.max_body_bytes)
+    app[API] = api
+    api.add_routes(app.router)
+    app.cleanup_ctx.append(api.background)
+    app.on_shutdown.append(api.end_streams)
+    return app
+
+
+class AdmissionApi:
+    def __init__(
+        self, config: AdmissionConfig, nc: Client, stores: Stores, models: Iterable[str]
+    ) -> None:
+        self.config = config
+        self.nc = nc
+        self.stores = stores
+        self.models = frozenset(models)
+        if not self.models:
+            raise ValueError("models: at least one model name is needed")
+        self.auth = Authenticator(config.tokens)
+        self.metrics = Metrics()
+        self.jobs = JobIndex()
+        self.nodes = NodeIndex()
+        self.telemetry = TelemetryCache()
+        self.job_mirror = KvMirror(nc, stores.jobs, self.jobs.apply, "jobs")
+        self.node_mirror = KvMirror(nc, stores.nodes, self.nodes.apply, "nodes")
+        #: GPUs of submissions between their quota check and their record being indexed
+        self._reserved: dict[str, int] = {}
+        self._streams: set[asyncio.Queue[tuple[str, bytes]]] = set()
+        self._openapi = _json.encode(build_openapi())
+
+    def add_routes(self, router: web.UrlDispatcher) -> None:
+        router.add_post("/v1/jobs", self.submit)
+        router.add_get("/v1/jobs", self.list_jobs)
+        router.add_get("/v1/jobs/{id}", self.get_job)
+        router.add_delete("/v1/jobs/{id}", self.cancel_job)
+        # a HEAD would hold the stream open with nothing to send
+        router.add_get("/v1/jobs/{id}/events", self.job_events, allow_head=False)
+        router.add_get("/v1/cluster", self.cluster)
+        router.add_get("/healthz", self.health)
+        router.add_get("/metrics", self.prometheus)
+        router.add_get("/openapi.json", self.openapi)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def background(self, app: web.Application) -> AsyncIterator[None]:
+        if self.config.open:
+            log.warning("no tokens configured: the API is open, every caller is 'default'")
+        await self.telemetry.start(self.nc)
+        tasks = [
+            asyncio.create_task(self.job_mirror.run(), name="admission-jobs-mirror"),
+            asyncio.create_task(self.node_mirror.run(), name="admission-nodes-mirror"),
+        ]
+        try:
+            try:
+                await asyncio.wait_for(self.job_mirror.synced.wait(), SYNC_TIMEOUT_S)
+            except TimeoutError:
+                log.warning("job records not all loaded yet; listings may be incomplete")
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await self.telemetry.stop()
+
+    async def end_streams(self, app: web.Application) -> None:
+        for queue in list(self._streams):
+            queue.put_nowait(_STOP_STREAM)
+
+    # ------------------------------------------------------------------ middleware
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.perf_counter()
+        route = UNMATCHED_ROUTE
+        try:
+            match = request.match_info
+            if match.http_exception is not None:
+                raise match.http_exception
+            resource = match.route.resource
+            route = resource.canonical if resource is not None else UNMATCHED_ROUTE
+            if route not in PUBLIC_ROUTES:
+                request[TENANT] = self.auth.tenant(request.headers.get(hdrs.AUTHORIZATION))
+            response = await handler(request)
+        except ProblemError as exc:
+            response = problems.response(exc.problem(request.path), exc.headers)
+        except web.HTTPException as exc:
+            response = self._http_problem(request, exc)
+        except (nats.errors.Error, TimeoutError) as exc:
+            log.warning("nats unavailable", path=request.path, error=repr(exc))
+            unavailable = _unavailable()
+            response = problems.response(unavailable.problem(request.path), unavailable.headers)
+        except Exception:
+            log.exception("request failed", method=request.method, path=request.path)
+            response = problems.response(
+                ProblemError(500, "internal", "the server failed; see its log").problem(
+                    request.path
+                )
+            )
+        self.metrics.observe(
+            request.method, route, response.status, time.perf_counter() - started
+        )
+        return response
+
+    def _http_problem(self, request: web.Request, exc: web.HTTPException) -> web.Response:
+        headers = {
+            name: value
+            for name, value in exc.headers.items()
+            if name not in (hdrs.CONTENT_TYPE, hdrs.CONTENT_LENGTH)
+        }
+        if exc.status == 404:
+            detail = f"no such resource: {request.path}"
+            kind = "not-found"
+        elif exc.status == 405:
+            detail = f"{request.method} is not allowed here; allowed: {headers.get('Allow', '')}"
+            kind = "method-not-allowed"
+        elif exc.status == 413:
+            detail = f"the body is larger than {self.config.max_body_bytes} bytes"
+            kind = "payload-too-large"
+        else:
+            detail = exc.text or exc.reason
+            kind = exc.reason.lower().replace(" ", "-")
+        problem = ProblemError(exc.status, kind, detail).problem(request.path)
+        return problems.response(problem, headers)
+
+    # ------------------------------------------------------------------ submit
+
+    async def submit(self, request: web.Request) -> web.Response:
+        tenant = request[TENANT]
+        if not accepts(request.content_type):
+            raise ProblemError(
+                415,
+                "unsupported-media-type",
+                f"send the job spec as {' or '.join(ACCEPTED_TYPES)}, "
+                f"not {request.content_type}",
+                field="Content-Type",
+                headers={"Accept-Post": ", ".join(ACCEPTED_TYPES)},
+            )
+        key = request.headers.get("Idempotency-Key")
+        if key is not None and not valid_idempotency_key(key):
+            raise ProblemError(
+                400,
+                "invalid-header",
+                f"Idempotency-Key: must be 1-{MAX_IDEMPOTENCY_KEY} printable ASCII characters",
+                field="Idempotency-Key",
+            )
+        length = request.content_length
+        if length is not None and length > self.config.max_body_bytes:
+            raise web.HTTPRequestEntityTooLarge(
+                max_size=self.config.max_body_bytes, actual_size=length
+            )
+        spec = decode_spec(await request.read(), request.content_type)
+        iterations = total_iterations(spec, self.models)
+        if not self.nc.is_connected:
+            raise _unavailable()
+        return await self._admit(tenant, spec, iterations, key)
+
+    async def _admit(
+        self, tenant: str, spec: JobSpec, iterations: int, key: str | None
+    ) -> web.Response:
+        job_id = idempotent_job_id(tenant, key) if key is not None else new_job_id()
+        if key is not None and self.jobs.knows(job_id):
+            stored = await self._read(job_id)
+            if stored is not None:
+                return await self._replay(stored, tenant, spec)
+        for _ in range(3):
+            at = now()
+            record = JobRecord(
+                id=job_id,
+                tenant=tenant,
+                spec=spec,
+                total_iterations=iterations,
+                state=JobState.QUEUED,
+                submitted_at=at,
+                history=[StateChange(JobState.QUEUED, at, "submitted")],
+                pending_reason=PENDING_REASON,
+            )
+            try:
+                self._reserve(tenant, spec.gpus)
+            except ProblemError:
+                # the mirror may not have seen a job this key created a moment ago
+                stored = await self._read(job_id) if key is not None else None
+                if stored is None:
+                    raise
+                return await self._replay(stored, tenant, spec)
+            data = codec.encode(record)
+            try:
+                # ids are built subject-safe here; skip the client's regex check on the hot path
+                revision = await self.stores.jobs.create(job_id, data, validate_keys=False)
+            except KeyWrongLastSequenceError:
+                if key is None:
+                    job_id = new_job_id()
+                    continue
+                stored = await self._read(job_id)
+                if stored is None:
+                    continue
+                return await self._replay(stored, tenant, spec)
+            else:
+                self.jobs.apply(revision, job_id, data)
+                break
+            finally:
+                self._release(tenant, spec.gpus)
+        else:
+            raise ProblemError(503, "conflict-retry", "could not store the job; try again")
+        try:
+            await self._publish_submitted(record)
+        except (nats.errors.Error, TimeoutError) as exc:
+            await self._withdraw(job_id, revision)
+            log.warning("submission not published; record withdrawn", job_id=job_id,
+                        error=repr(exc))
+            raise _unavailable() from None
+        self.metrics.jobs_submitted.inc()
+        log.info("job submitted", job_id=job_id, tenant=tenant, model=spec.model,
+                 gpus=spec.gpus, iterations=iterations)
+        return _json_response(record, 201, {hdrs.LOCATION: f"/v1/jobs/{job_id}"})
+
+    async def _replay(self, stored: JobRecord, tenant: str, spec: JobSpec) -> web.Response:
+        if stored.tenant != tenant:
+            raise ProblemError(
+                409, "conflict", "Idempotency-Key: names another job", field="Idempotency-Key"
+            )
+        if stored.spec != spec:
+            raise ProblemError(
+                422,
+                "idempotency-key-reused",
+                "Idempotency-Key: was used before for a different job spec",
+                field="Idempotency-Key",
+            )
+        if stored.state is JobState.QUEUED:
+            # covers a crash between storing the record and publishing the submission;
+            # the stream drops the duplicate by its Nats-Msg-Id otherwise
+            await self._publish_submitted(stored)
+        self.metrics.idempotent_replays.inc()
+        return _json_response(
+            stored,
+            200,
+            {hdrs.LOCATION: f"/v1/jobs/{stored.id}", "Idempotent-Replayed": "true"},
+        )
+
+    async def _publish_submitted(self, record: JobRecord) -> None:
+        await self.stores.js.publish(
+            subjects.job_submitted(record.id),
+            codec.encode(JobSubmitted(record.id, record.submitted_at)),
+            headers=codec.headers({"Nats-Msg-Id": record.id}),
+        )
+
+    async def _withdraw(self, job_id: str, revision: int) -> None:
+        """Deletes a record whose submission could not be published, so a failed request
+        leaves nothing behind (unless NATS is gone for the delete too)."""
+        try:
+            deleted = await self.stores.jobs.delete(job_id, last=revision)
+        except Exception as exc:
+            log.error("could not withdraw an unpublished job", job_id=job_id, error=repr(exc))
+            return
+        if deleted:
+            self.jobs.apply(revision + 1, job_id, None)
+
+    def _reserve(self, tenant: str, gpus: int) -> None:
+        quota = self.config.quotas.get(tenant)
+        if quota is None:
+            return
+        held = self.jobs.held_gpus(tenant) + self._reserved.get(tenant, 0)
+        if held + gpus > quota:
+            raise ProblemError(
+                403,
+                "quota-exceeded",
+                f"gpus: tenant {tenant!r} holds {held} GPUs in unfinished jobs; {gpus} more "
+                f"would exceed its quota of {quota}",
+                field="gpus",
+                quota=quota,
+            )
+        self._reserved[tenant] = self._reserved.get(tenant, 0) + gpus
+
+    def _release(self, tenant: str, gpus: int) -> None:
+        if tenant in self.config.quotas:
+            self._reserved[tenant] -= gpus
+
+    # ------------------------------------------------------------------ read and cancel
+
+    async def list_jobs(self, request: web.Request) -> web.Response:
+        tenant = request[TENANT]
+        query = request.query
+        for name in query:
+            if name not in LIST_PARAMETERS:
+                raise ProblemError(
+                    400,
+                    "invalid-parameter",
+                    f"{name}: unknown query parameter; known: {', '.join(sorted(LIST_PARAMETERS))}",
+                    field=name,
+                )
+        states = _states(query.getall("state", []))
+        limit = _limit(query.get("limit"))
+        after = query.get("after")
+        if after is not None and not is_job_id(after):
+            raise ProblemError(
+                400, "invalid-parameter", "after: not a job id", field="after"
+            )
+        jobs, next_id = self.jobs.page(tenant, states=states, after=after, limit=limit)
+        return _json_response(JobList(jobs=jobs, next=next_id))
+
+    async def get_job(self, request: web.Request) -> web.Response:
+        record = await self._owned(request)
+        return _json_response(record, 200)
+
+    async def cancel_job(self, request: web.Request) -> web.Response:
+        record = await self._owned(request)
+        if record.state.terminal:
+            raise ProblemError(
+                409,
+                "job-finished",
+                f"job {record.id} has already finished ({record.state.value})",
+            )
+        await self.stores.js.publish(
+            subjects.job_cancel(record.id),
+            codec.encode(CancelRequest(record.id, record.tenant, now())),
+            headers=codec.headers({"Nats-Msg-Id": f"{record.id}-cancel"}),
+        )
+        self.metrics.cancels_requested.inc()
+        log.info("cancel requested", job_id=record.id, tenant=record.tenant)
+        return _json_response(record, 202)
+
+    async def _owned(self, request: web.Request) -> JobRecord:
+        job_id = request.match_info["id"]
+        record = await self._read(job_id) if is_job_id(job_id) else None
+        if record is None or record.tenant != request[TENANT]:
+            raise ProblemError(404, "job-not-found", f"no job {job_id!r}")
+        return record
+
+    async def _read(self, job_id: str) -> JobRecord | None:
+        # a request made while disconnected would wait out the whole JetStream timeout
+        if not self.nc.is_connected:
+            raise _unavailable()
+        try:
+            entry = await self.stores.jobs.get(job_id)
+        except (KeyNotFoundError, KeyDeletedError):
+            return None
+        if entry.value is None:
+            return None
+        record = codec.decode(entry.value, JobRecord)
+        self.jobs.apply(entry.revision or 0, job_id, entry.value)
+        return record
+
+    # ------------------------------------------------------------------ event stream
+
+    async def job_events(self, request: web.Request) -> web.StreamResponse:
+        job_id = request.match_info["id"]
+        if not is_job_id(job_id):
+            raise ProblemError(404, "job-not-found", f"no job {job_id!r}")
+        if not self.nc.is_connected:
+            raise _unavailable()
+        queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
+
+        async def on_state(msg: Msg) -> None:
+            queue.put_nowait(("state", msg.data))
+
+        async def on_progress(msg: Msg) -> None:
+            if queue.qsize() < MAX_BUFFERED_PROGRESS:
+                queue.put_nowait(("progress", msg.data))
+
+        # subscribe before reading the record, so no transition falls between the two
+        subscriptions = [
+            await self.nc.subscribe(subjects.job_state(job_id), cb=on_state),
+            await self.nc.subscribe(subjects.job_progress(job_id), cb=on_progress),
+        ]
+        self._streams.add(queue)
+        self.metrics.event_streams.inc()
+        try:
+            record = await self._owned(request)
+            response = web.StreamResponse(
+                headers={
+                    hdrs.CONTENT_TYPE: "text/event-stream",
+                    hdrs.CACHE_CONTROL: "no-cache",
+                    "X-Accel-Buffering": "no",
+                }
+            )
+            await response.prepare(request)
+            with contextlib.suppress(ConnectionResetError, ClientConnectionResetError):
+                await self._stream(response, record, queue)
+                await response.write_eof()
+            return response
+        finally:
+            self._streams.discard(queue)
+            self.metrics.event_streams.dec()
+            for subscription in subscriptions:
+                with contextlib.suppress(Exception):
+                    await subscription.unsubscribe()
+
+    async def _stream(
+        self,
+        response: web.StreamResponse,
+        record: JobRecord,
+        queue: asyncio.Queue[tuple[str, bytes]],
+    ) -> None:
+        await _send(response, "job", _json.encode(record))
+        if record.state.terminal:
+            return
+        seen_at = record.history[-1].at if record.history else record.submitted_at
+        while True:
+            try:
+                kind, data = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+            except TimeoutError:
+                try:
+                    current = await self._read(record.id)
+                except (ProblemError, nats.errors.Error, TimeoutError):
+                    current = None
+                if current is not None and current.state.terminal:
+                    await _send(response, "job", _json.encode(current))
+                    return
+                await response.write(b": keep-alive\n\n")
+                continue
+            if kind == "stop":
+                return
+            if kind == "state":
+                event = _decode(data, JobStateEvent)
+                # a transition the record already showed when the stream began
+                if event is None or event.at < seen_at:
+                    continue
+                await _send(response, "state", _json.encode(event))
+                if event.state.terminal:
+                    return
+            else:
+                progress = _decode(data, JobProgressEvent)
+                if progress is not None:
+                    await _send(response, "progress", _json.encode(progress))
+
+    # ------------------------------------------------------------------ cluster, ops
+
+    async def cluster(self, request: web.Request) -> web.Response:
+        jobs_on: dict[tuple[str, int], list[str]] = {}
+        for job_id, placements in self.jobs.placed():
+            for placement in placements:
+                for index in placement.gpus:
+                    jobs_on.setdefault((placement.node, index), []).append(job_id)
+        views: list[NodeView] = []
+        total = busy = 0
+        utils: list[float] = []
+        for node in self.nodes.nodes():
+            sample = self.telemetry.latest(node.name)
+            by_index = {gpu.index: gpu for gpu in sample.gpus} if sample is not None else {}
+            gpus = []
+            for gpu in node.gpus:
+                on_gpu = sorted(jobs_on.get((node.name, gpu.index), []))
+                telemetry = by_index.get(gpu.index)
+                total += 1
+                busy += bool(on_gpu)
+                if telemetry is not None:
+                    utils.append(telemetry.util)
+                gpus.append(
+                    GpuView(
+                        index=gpu.index,
+                        uuid=gpu.uuid,
+                        model=gpu.model,
+                        memory_mb=gpu.memory_mb,
+                        jobs=on_gpu,
+                        telemetry=telemetry,
+                    )
+                )
+            views.append(
+                NodeView(
+                    name=node.name,
+                    cpus=node.cpus,
+                    host_mem_gb=node.host_mem_gb,
+                    net_gbps=node.net_gbps,
+                    emulated=node.emulated,
+                    started_at=node.started_at,
+                    gpus=gpus,
+                    telemetry_at=sample.at if sample is not None else None,
+                )
+            )
+        totals = ClusterTotals(
+            nodes=len(views),
+            gpus=total,
+            busy_gpus=busy,
+            utilisation=busy / total if total else 0.0,
+            mean_gpu_util=sum(utils) / len(utils) if utils else None,
+        )
+        return _json_response(ClusterView(nodes=views, totals=totals))
+
+    async def health(self, request: web.Request) -> web.Response:
+        if not self.nc.is_connected:
+            raise _unavailable()
+        return _json_response(Health(status="ok"))
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=self.metrics.render(), headers={hdrs.CONTENT_TYPE: METRICS_CONTENT_TYPE}
+        )
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return web.Response(body=self._openapi, content_type="application/json")
+
+
+API = web.AppKey("api", AdmissionApi)
+
+
+def _json_response(
+    value: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        status=status,
+        body=_json.encode(value),
+        headers={hdrs.CONTENT_TYPE: "application/json", **(headers or {})},
+    )
+
+
+def _unavailable() -> ProblemError:
+    return ProblemError(
+        503,
+        "nats-unavailable",
+        "the message bus is not reachable; nothing was changed, try again",
+        headers={hdrs.RETRY_AFTER: "1"},
+    )
+
+
+def _states(raw: list[str]) -> frozenset[JobState]:
+    allowed = [state.value for state in JobState]
+    states = set()
+    for item in ",".join(raw).split(","):
+        name = item.strip().upper()
+        if not name:
+            continue
+        if name not in allowed:
+            raise ProblemError(
+                400,
+                "invalid-parameter",
+                f"state: unknown state {item.strip()!r}; one of {', '.join(allowed)}",
+                field="state",
+                allowed=allowed,
+            )
+        states.add(JobState(name))
+    return frozenset(states)
+
+
+def _limit(raw: str | None) -> int:
+    if raw is None:
+        return DEFAULT_PAGE
+    try:
+        limit = int(raw)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= MAX_PAGE:
+        raise ProblemError(
+            400,
+            "invalid-parameter",
+            f"limit: must be a whole number within 1..{MAX_PAGE}, got {raw!r}",
+            field="limit",
+        )
+    return limit
+
+
+def _decode(data: bytes, kind: type[Any]) -> Any:
+    try:
+        return codec.decode(data, kind)
+    except msgspec.MsgspecError as exc:
+        log.debug("undecodable event skipped", kind=kind.__name__, error=str(exc))
+        return None
+
+
+async def _send(response: web.StreamResponse, event: str, data: bytes) -> None:
+    await response.write(b"event: " + event.encode() + b"\ndata: " + data + b"\n\n")
