@@ -90,5 +90,6 @@ async def call(
                     detail.get("field"),
                 )
             return payload
-    except aiohttp.ClientConnectionError as exc:
-        raise ApiError(0, f"cannot reach the gpusched API at {endpoint.url}: {exc}") from exc
+    except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+        why = str(exc) or type(exc).__name__
+        raise ApiError(0, f"cannot reach the gpusched API at {endpoint.url}: {why}") from exc

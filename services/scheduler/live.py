@@ -194,10 +194,11 @@ class LiveScheduler(Actor[Message]):
             self.log.debug("rescan failed", error=str(exc))
             return
         for key in keys:
-            if key not in self.jobs and key not in self.settled:
-                if await self._adopt(key) is not None:
-                    self.log.info("adopted a job without a submission message", job_id=key)
-                    self._request_round()
+            if key in self.jobs or key in self.settled:
+                continue
+            if await self._adopt(key) is not None:
+                self.log.info("adopted a job without a submission message", job_id=key)
+                self._request_round()
 
     async def _adopt(self, job_id: str) -> LiveJob | None:
         """Take a stored record into the picture (a submission, or state after takeover)."""

@@ -1,0 +1,97 @@
+"""The whole system through its front door: HTTP and the CLI against `gpusched up`'s
+LocalCluster (real nats-server, admission, scheduler, predictor, emulated nodes)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from libs.cli.up import LocalCluster, UpConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+async def cluster(nats_server, tmp_path, monkeypatch) -> AsyncIterator[LocalCluster]:
+    monkeypatch.setenv("GPUSCHED_STATE_DIR", str(tmp_path / "state"))
+    config = UpConfig(
+        nodes=2, gpus_per_node=4, policy="sjf-bsbf", port=0, nats_url=nats_server.url,
+        state_dir=tmp_path / "state", time_scale=0.01, heartbeat_s=0.2,
+    )
+    async with LocalCluster(config) as running:
+        yield running
+
+
+async def events_until_done(session: aiohttp.ClientSession, url: str) -> list[dict]:
+    seen: list[dict] = []
+    async with session.get(url, timeout=aiohttp.ClientTimeout(total=60)) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        kind = ""
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if line.startswith("event:"):
+                kind = line.split(":", 1)[1].strip()
+            elif line.startswith("data:"):
+                seen.append({"event": kind, **json.loads(line.split(":", 1)[1])})
+    return seen
+
+
+async def test_a_job_submitted_over_http_comes_back_running_then_succeeded(cluster):
+    headers = {"Authorization": f"Bearer {cluster.token}"}
+    body = {"name": "http-e2e", "model": "resnet50", "batch_size": 64, "iterations": 300}
+    async with aiohttp.ClientSession(headers=headers) as session:
+        async with session.post(f"{cluster.url}/v1/jobs", json=body) as response:
+            assert response.status == 201, await response.text()
+            created = await response.json()
+            location = response.headers["Location"]
+        job_id = created["id"]
+        assert location.endswith(job_id)
+        events = await events_until_done(session, f"{cluster.url}/v1/jobs/{job_id}/events")
+        states = [e["state"] for e in events if e.get("event") == "state" and "state" in e]
+        assert "RUNNING" in states and states[-1] == "SUCCEEDED"
+        assert states.index("RUNNING") < states.index("SUCCEEDED")
+        async with session.get(f"{cluster.url}{location}") as response:
+            job = await response.json()
+        assert job["state"] == "SUCCEEDED"
+        assert job["progress"]["iteration"] == 300
+        assert [h["state"] for h in job["history"]] == ["QUEUED", "RUNNING", "SUCCEEDED"]
+        async with session.get(f"{cluster.url}/v1/cluster") as response:
+            assert response.status == 200
+            text = await response.text()
+        assert "node-0" in text and "node-1" in text
+
+
+async def run_cli(env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    # the cluster lives on this event loop, so the CLI must not block it
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "libs.cli.main", *args, cwd=ROOT, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
+    return process.returncode or 0, out.decode(), err.decode()
+
+
+async def test_the_cli_submits_lists_and_shows_a_job_of_a_running_cluster(cluster):
+    env = {**os.environ, "GPUSCHED_URL": cluster.url, "GPUSCHED_TOKEN": cluster.token}
+    code, out, err = await run_cli(
+        env, "submit", "--model", "bert", "--batch-size", "32", "--iterations", "50"
+    )
+    assert code == 0, err
+    job_id = out.strip()
+    code, out, err = await run_cli(env, "job", job_id)
+    assert json.loads(out)["spec"]["model"] == "bert"
+    code, out, err = await run_cli(env, "jobs", "--json")
+    assert job_id in [j["id"] for j in json.loads(out)["jobs"]]
+    code, out, err = await run_cli(
+        env, "submit", "--model", "bert", "--batch-size", "32", "--iterations", "50",
+        "--gpus", "-1",
+    )
+    assert code == 2 and "gpus" in err
