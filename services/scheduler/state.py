@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from libs.common.schemas import JobRecord, JobState, NodeInfo, Placement
 from libs.core.cluster import Cluster, Node
@@ -174,6 +175,25 @@ def job_memory_mb(job: LiveJob, estimates: PerformanceModel) -> float:
     )
 
 
+def _view(job: LiveJob, as_of: float, **extra: Any) -> JobView:
+    record = job.record
+    spec = record.spec
+    return JobView(
+        job_id=job.id,
+        submit_time=record.submitted_at,
+        model=spec.model,
+        gpus=spec.gpus,
+        batch_size=spec.batch_size,
+        est_remaining_s=job.remaining_s(),
+        attained_gpu_s=job.attained_gpu_s,
+        as_of=as_of,
+        allow_sharing=spec.allow_sharing,
+        deadline=spec.deadline,
+        preemptions=record.preemptions,
+        **extra,
+    )
+
+
 def build_snapshot(
     now: float,
     layout: Layout,
@@ -188,7 +208,6 @@ def build_snapshot(
     pending: list[JobView] = []
     for job in jobs.values():
         record = job.record
-        spec = record.spec
         if job.holds_gpus:
             gpu_ids = layout.global_ids(record.placement)
             if gpu_ids is None:
@@ -198,42 +217,17 @@ def build_snapshot(
                 load[gpu] += 1
                 memory[gpu] += mem
             running.append(
-                JobView(
-                    job_id=job.id,
-                    submit_time=record.submitted_at,
-                    model=spec.model,
-                    gpus=spec.gpus,
-                    batch_size=spec.batch_size,
-                    est_remaining_s=job.remaining_s(),
-                    attained_gpu_s=job.attained_gpu_s,
-                    as_of=job.iteration_at or now,
-                    allow_sharing=spec.allow_sharing,
-                    deadline=spec.deadline,
+                _view(
+                    job, job.iteration_at or now,
                     state=ViewState.RUNNING,
                     gpu_ids=gpu_ids,
                     accum_steps=record.accum_steps,
                     # a stopping job finishes nothing more; one being started not yet
                     progress_rate=1.0 if job.phase == Phase.RUNNING else 0.0,
-                    preemptions=record.preemptions,
                 )
             )
         elif job.not_before <= now and not record.state.terminal:
-            pending.append(
-                JobView(
-                    job_id=job.id,
-                    submit_time=record.submitted_at,
-                    model=spec.model,
-                    gpus=spec.gpus,
-                    batch_size=spec.batch_size,
-                    est_remaining_s=job.remaining_s(),
-                    attained_gpu_s=job.attained_gpu_s,
-                    as_of=now,
-                    allow_sharing=spec.allow_sharing,
-                    deadline=spec.deadline,
-                    queued_since=job.queued_since,
-                    preemptions=record.preemptions,
-                )
-            )
+            pending.append(_view(job, now, queued_since=job.queued_since))
     sort = policy.queue_sort
     if sort is not None:
         pending.sort(key=sort.key)
