@@ -95,3 +95,30 @@ async def test_the_cli_submits_lists_and_shows_a_job_of_a_running_cluster(cluste
         "--gpus", "-1",
     )
     assert code == 2 and "gpus" in err
+
+
+async def test_a_real_torch_job_runs_to_succeeded_through_a_process_mode_cluster(
+    nats_server, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("GPUSCHED_STATE_DIR", str(tmp_path / "state"))
+    config = UpConfig(
+        nodes=1, gpus_per_node=2, policy="fifo", port=0, nats_url=nats_server.url,
+        state_dir=tmp_path / "state", jobs_mode="process", heartbeat_s=0.2,
+    )
+    async with LocalCluster(config) as cluster, aiohttp.ClientSession(
+        headers={"Authorization": f"Bearer {cluster.token}"}
+    ) as session:
+        body = {"name": "torch", "model": "ncf", "batch_size": 32, "iterations": 40,
+                "checkpoint_every": 10}
+        async with session.post(f"{cluster.url}/v1/jobs", json=body) as response:
+            assert response.status == 201, await response.text()
+            job_id = (await response.json())["id"]
+        events = await events_until_done(session, f"{cluster.url}/v1/jobs/{job_id}/events")
+        assert [e["state"] for e in events if e.get("event") == "state"][-1] == "SUCCEEDED"
+        async with session.get(f"{cluster.url}/v1/jobs/{job_id}") as response:
+            job = await response.json()
+    assert job["progress"]["iteration"] == 40
+    log = (tmp_path / "state" / "work" / job_id / "run-1.log").read_text()
+    assert "Traceback" not in log
+    progress = (tmp_path / "state" / "work" / job_id / "progress-1.jsonl").read_text()
+    assert '"event": "done"' in progress or '"event":"done"' in progress

@@ -104,10 +104,23 @@ def register(app: typer.Typer) -> None:
     def service(
         name: Annotated[ServiceName, typer.Argument(help="Which service to run.")],
         nodes: Annotated[
-            int, typer.Option(help="nodeagent only: emulate this many nodes.")
+            int, typer.Option(help="nodeagent: emulate this many nodes in one process.")
         ] = 1,
+        node_name: Annotated[
+            str | None, typer.Option("--name", help="nodeagent: node name (default: host).")
+        ] = None,
+        gpus: Annotated[
+            int | None,
+            typer.Option(help="nodeagent: emulate this many GPUs (default: NVML, else 8)."),
+        ] = None,
+        gpu_model: Annotated[
+            str | None, typer.Option(help="nodeagent: emulated GPU, e.g. V100-32GB.")
+        ] = None,
+        jobs: Annotated[
+            JobsMode | None, typer.Option(help="nodeagent: simulated or process runs.")
+        ] = None,
     ) -> None:
-        """Run one service against NATS_URL, configured from the environment."""
+        """Run one service against NATS_URL, configured from the environment (flags win)."""
         if name is ServiceName.admission:
             from services.admission.__main__ import main as admission
 
@@ -121,6 +134,27 @@ def register(app: typer.Typer) -> None:
 
             predictor()
         else:
-            from services.nodeagent.__main__ import main as nodeagent
+            _nodeagent(nodes, node_name, gpus, gpu_model, jobs)
 
-            nodeagent(["--nodes", str(nodes)])
+
+def _nodeagent(
+    nodes: int, name: str | None, gpus: int | None, gpu_model: str | None,
+    jobs: JobsMode | None,
+) -> None:
+    from libs.common.logging import configure_logging
+    from services.nodeagent.__main__ import serve
+    from services.nodeagent.config import NodeAgentConfig
+
+    err = Console(stderr=True)
+    if nodes < 1:
+        err.print("[bold red]error:[/] --nodes: must be >= 1")
+        raise typer.Exit(2)
+    try:
+        config = NodeAgentConfig.from_env(
+            name=name, gpus=gpus, gpu_model=gpu_model, jobs_mode=jobs.value if jobs else None
+        )
+    except ValueError as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    configure_logging()
+    asyncio.run(serve(config, nodes))
