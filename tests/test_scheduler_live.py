@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import time
 
 from nats.aio.msg import Msg
@@ -82,3 +83,19 @@ async def test_cancelling_a_queued_job_ends_it_cancelled_and_publishes_the_state
 
 async def _append(seen: list[bytes], msg: Msg) -> None:
     seen.append(msg.data)
+
+
+async def test_both_instances_answer_the_micro_protocol_and_report_who_leads(nats_server, nc):
+    async with SchedulerService(fast_scheduler(nats_server.url)) as first, SchedulerService(
+        fast_scheduler(nats_server.url)
+    ) as second:
+        await wait_until(lambda: first.is_leader or second.is_leader, timeout_s=5)
+        statuses = []
+        for instance in (first, second):
+            reply = await nc.request(
+                subjects.scheduler_status(instance.config.instance), b"", timeout=2
+            )
+            statuses.append(json.loads(reply.data))
+        assert sorted(s["leader"] for s in statuses) == [False, True]
+        ping = await nc.request("$SRV.INFO.gpusched-scheduler", b"", timeout=2)
+        assert json.loads(ping.data)["name"] == "gpusched-scheduler"

@@ -66,6 +66,11 @@ def scheduler_decision(instance: str) -> str:
     return f"{PREFIX}.scheduler.{_id(instance)}.decision"
 
 
+def scheduler_status(instance: str) -> str:
+    """NATS micro endpoint: is this instance leading, and how busy it is (JSON)."""
+    return f"{PREFIX}.scheduler.{_id(instance)}.status"
+
+
 #: predictor endpoints (NATS micro, group ``gpusched.predictor``)
 PREDICTOR_GROUP = f"{PREFIX}.predictor"
 PREDICT_ITERATIONS = f"{PREDICTOR_GROUP}.iterations"

@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 import structlog
 from msgspec.structs import replace
+from nats import micro
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -66,6 +67,8 @@ from services.scheduler.state import (
 )
 
 log = structlog.get_logger("gpusched.scheduler")
+
+SCHEDULER_VERSION = "0.1.0"
 
 #: how often the leader looks for stored jobs it was never told about
 RESCAN_S = 30.0
@@ -692,8 +695,36 @@ class SchedulerService:
         )
         self.stores = await Stores.open(self.nc, lease_ttl_s=self.config.lease_ttl_s)
         self._lease = LeaderLease(self.stores.lease, self.config.instance, self.config.lease_ttl_s)
+        service = await micro.add_service(
+            self.nc,
+            name="gpusched-scheduler",
+            version=SCHEDULER_VERSION,
+            description="gpusched scheduler: leader or hot standby",
+            metadata={"instance": self.config.instance, "policy": self.config.policy},
+        )
+        self._stack.push_async_callback(service.stop)
+        await service.add_endpoint(
+            name="status",
+            subject=subjects.scheduler_status(self.config.instance),
+            handler=self._status,
+        )
         self._task = asyncio.create_task(self._run(), name="scheduler-lease")
         return self
+
+    def status(self) -> dict[str, Any]:
+        live = self.scheduler
+        return {
+            "instance": self.config.instance,
+            "policy": self.config.policy,
+            "leader": live is not None,
+            "jobs": len(live.jobs) if live else None,
+            "nodes": len(live.nodes) if live else None,
+            "rounds": live.rounds if live else None,
+            "last_decide_ms": live.last_decide_ms if live else None,
+        }
+
+    async def _status(self, request: micro.Request) -> None:
+        await request.respond(msgspec.json.encode(self.status()))
 
     async def __aexit__(self, *exc: object) -> None:
         if self._task is not None:
