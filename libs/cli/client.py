@@ -69,8 +69,9 @@ async def call(
     body: bytes | None = None,
     content_type: str = "application/json",
     params: dict[str, str] | None = None,
+    extra_headers: dict[str, str] | None = None,
 ) -> Any:
-    headers = {"Accept": "application/json"}
+    headers = {"Accept": "application/json", **(extra_headers or {})}
     if endpoint.token:
         headers["Authorization"] = f"Bearer {endpoint.token}"
     if body is not None:

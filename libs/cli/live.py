@@ -191,20 +191,10 @@ def _read(file: Path) -> str:
 async def _submit(
     endpoint: Endpoint, body: bytes, content_type: str, idempotency_key: str | None
 ) -> Any:
-    if idempotency_key:
-        import aiohttp
-
-        headers = {"Content-Type": content_type, "Idempotency-Key": idempotency_key}
-        if endpoint.token:
-            headers["Authorization"] = f"Bearer {endpoint.token}"
-        async with aiohttp.ClientSession() as session, session.post(
-            endpoint.url + "/v1/jobs", data=body, headers=headers
-        ) as response:
-            payload = await response.json(content_type=None)
-            if response.status >= 400:
-                raise ApiError(response.status, str(payload.get("detail")), payload.get("field"))
-            return payload
-    return await call(endpoint, "POST", "/v1/jobs", body=body, content_type=content_type)
+    extra = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+    return await call(
+        endpoint, "POST", "/v1/jobs", body=body, content_type=content_type, extra_headers=extra
+    )
 
 
 def _job_id(record: Any) -> str:

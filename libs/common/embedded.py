@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,12 +106,6 @@ class NatsServer:
         self.close()
 
 
-@contextlib.contextmanager
-def nats_server(store_dir: Path | None = None) -> Iterator[NatsServer]:
-    with NatsServer(store_dir=store_dir) as server:
-        yield server
-
-
 async def wait_until(
     predicate: Callable[[], Any], timeout_s: float = 10.0, every_s: float = 0.02
 ) -> Any:
@@ -128,6 +121,3 @@ async def wait_until(
             raise TimeoutError(f"condition not met within {timeout_s} s")
         await asyncio.sleep(every_s)
 
-
-def env_nats_url() -> str | None:
-    return os.environ.get("NATS_URL") or None

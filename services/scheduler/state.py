@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from libs.common.schemas import JobRecord, JobState, NodeInfo, Placement
+from libs.common.schemas import JobRecord, NodeInfo, Placement
 from libs.core.cluster import Cluster, Node
 from libs.core.perf import PerformanceModel
 from libs.core.snapshot import JobState as ViewState
@@ -248,7 +248,3 @@ def build_snapshot(
         estimates=estimates,
         queue_order=sort.name if sort is not None else "arrival",
     )
-
-
-def is_waiting(state: JobState) -> bool:
-    return state in (JobState.QUEUED, JobState.PREEMPTED)
