@@ -16,7 +16,6 @@ import aiohttp
 import msgspec
 import pytest
 from nats.aio.client import Client
-from nats.js.errors import NoKeysError
 
 from libs.common import codec, subjects
 from libs.common.bus import Stores
@@ -138,12 +137,8 @@ class Api:
 
 
 async def stored_jobs(stores: Stores) -> dict[str, JobRecord]:
-    try:
-        keys = await stores.jobs.keys()
-    except NoKeysError:
-        return {}
     records = {}
-    for key in keys:
+    for key in await stores.job_ids():
         entry = await stores.jobs.get(key)
         assert entry.value is not None
         records[key] = codec.decode(entry.value, JobRecord)

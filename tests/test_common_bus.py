@@ -26,6 +26,34 @@ async def test_a_duplicate_msg_id_is_stored_once(stores: Stores):
     assert second.duplicate and first.seq == second.seq
 
 
+async def test_listing_keys_of_an_empty_bucket_gives_none(stores: Stores):
+    assert await stores.job_ids() == []
+
+
+async def test_listing_keys_sees_every_live_key_and_skips_deleted_and_purged_ones(
+    stores: Stores,
+):
+    for index in range(2_500):
+        await stores.jobs.put(f"job{index}", b"x")
+    await stores.jobs.delete("job7")
+    await stores.jobs.purge("job8")
+    await stores.jobs.put("job9", b"rewritten")
+
+    keys = await stores.job_ids()
+
+    assert len(keys) == len(set(keys)) == 2_498
+    assert "job7" not in keys and "job8" not in keys and "job9" in keys
+    # the listing leaves no consumer behind on the bucket's stream
+    info = await stores.js.stream_info(f"KV_{subjects.JOBS_BUCKET}")
+    assert info.state.consumer_count == 0
+
+
+async def test_a_key_written_just_before_listing_is_always_listed(stores: Stores):
+    for attempt in range(30):
+        await stores.nodes.put(f"node{attempt}", b"x")
+        assert f"node{attempt}" in await stores.node_names()
+
+
 def test_commands_round_trip_through_messagepack_as_a_tagged_union():
     spec = JobSpec(name="n", model="resnet50", batch_size=32, iterations=5)
     start = StartJob(job_id="j", run_id=3, spec=spec, total_iterations=5, gpus=[0, 1])

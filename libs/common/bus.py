@@ -13,6 +13,9 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
     DiscardPolicy,
     KeyValueConfig,
     RetentionPolicy,
@@ -125,6 +128,53 @@ async def _bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
         return await js.create_key_value(config)
 
 
+#: how many key markers one pull brings when listing a bucket
+KEYS_BATCH = 1000
+_KV_REMOVED = ("DEL", "PURGE")
+
+
+async def kv_keys(js: JetStreamContext, bucket: str, timeout_s: float = 5.0) -> list[str]:
+    """Every live key of a KV bucket, in stream order.
+
+    ``KeyValue.keys()`` in nats-py 2.16 can answer "no keys" for a bucket that has
+    some: its watcher signals that the initial values are done when the consumer shows
+    nothing pending and nothing counted yet, which is also true while the first value
+    is in flight to the client. A pull consumer is asked for exactly the values it
+    reported pending, so it cannot stop early.
+    """
+    prefix = f"$KV.{bucket}."
+    subscription = await js.pull_subscribe(
+        prefix + ">",
+        stream=f"KV_{bucket}",
+        config=ConsumerConfig(
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            ack_policy=AckPolicy.NONE,
+            headers_only=True,
+            mem_storage=True,
+            inactive_threshold=timeout_s * 6,
+        ),
+    )
+    keys: list[str] = []
+    consumer = ""
+    try:
+        info = await subscription.consumer_info()
+        consumer = info.name
+        pending = info.num_pending or 0
+        while pending > 0:
+            messages = await subscription.fetch(min(pending, KEYS_BATCH), timeout=timeout_s)
+            for message in messages:
+                if (message.headers or {}).get("KV-Operation") not in _KV_REMOVED:
+                    keys.append(message.subject[len(prefix) :])
+            pending = messages[-1].metadata.num_pending
+        return keys
+    finally:
+        if consumer:
+            with contextlib.suppress(Exception):
+                await js.delete_consumer(f"KV_{bucket}", consumer)
+        with contextlib.suppress(Exception):
+            await subscription.unsubscribe()
+
+
 class Stores:
     """The JetStream objects of gpusched, created on first use by whichever service
     starts first (creation is idempotent)."""
@@ -134,6 +184,12 @@ class Stores:
         self.jobs = jobs
         self.nodes = nodes
         self.lease = lease
+
+    async def job_ids(self) -> list[str]:
+        return await kv_keys(self.js, subjects.JOBS_BUCKET)
+
+    async def node_names(self) -> list[str]:
+        return await kv_keys(self.js, subjects.NODES_BUCKET)
 
     @classmethod
     async def open(cls, nc: Client, lease_ttl_s: float = 3.0) -> Stores:

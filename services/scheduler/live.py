@@ -175,7 +175,7 @@ class LiveScheduler(Actor[Message]):
 
     async def _load_nodes(self) -> None:
         now = time.time()
-        for key in await _keys(self.stores.nodes):
+        for key in await self.stores.node_names():
             with contextlib.suppress(KeyNotFoundError):
                 entry = await self.stores.nodes.get(key)
                 if entry.value:
@@ -185,14 +185,14 @@ class LiveScheduler(Actor[Message]):
         self._relayout()
 
     async def _load_jobs(self) -> None:
-        for key in await _keys(self.stores.jobs):
+        for key in await self.stores.job_ids():
             await self._adopt(key)
 
     async def _rescan(self) -> None:
         """Adopt stored jobs whose submission message never came (a crash between the
         two writes of a submit)."""
         try:
-            keys = await _keys(self.stores.jobs)
+            keys = await self.stores.job_ids()
         except Exception as exc:
             self.log.debug("rescan failed", error=str(exc))
             return
@@ -488,7 +488,7 @@ class LiveScheduler(Actor[Message]):
     async def _refresh_nodes(self) -> None:
         """Deregistered nodes leave at once rather than after a heartbeat timeout."""
         try:
-            keys = set(await _keys(self.stores.nodes))
+            keys = set(await self.stores.node_names())
         except Exception:
             return
         for name in [n for n in self.nodes if n not in keys]:
@@ -661,15 +661,6 @@ class LiveScheduler(Actor[Message]):
                 self.tell(StopFailed(job_id, run_id, error))
 
         self.spawn(send())
-
-
-async def _keys(bucket: Any) -> list[str]:
-    try:
-        return list(await bucket.keys())
-    except Exception as exc:  # nats raises NoKeysError on an empty bucket
-        if type(exc).__name__ == "NoKeysError":
-            return []
-        raise
 
 
 class SchedulerService:
