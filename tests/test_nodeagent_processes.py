@@ -31,7 +31,15 @@ from libs.common.schemas import (
 from services.nodeagent.agent import NodeAgent
 from services.nodeagent.config import NodeAgentConfig
 from services.nodeagent.runs import STDERR_TAIL_BYTES
-from tests.test_nodeagent_service import NODE, exits_stored, listen, send, stored_exit
+from tests.test_nodeagent_service import (
+    NODE,
+    PROCESS_TIMINGS,
+    agent_config,
+    exits_stored,
+    listen,
+    send,
+    stored_exit,
+)
 
 #: appends its progress and a "done" line, after saving its environment beside its
 #: checkpoints and saying hello on stdout
@@ -96,19 +104,7 @@ with open(os.environ["GPUSCHED_PROGRESS_FILE"], "a") as f:
 
 @pytest.fixture
 def config(nats_server: NatsServer, tmp_path: Path) -> NodeAgentConfig:
-    return NodeAgentConfig(
-        nats_url=nats_server.url,
-        name=NODE,
-        gpus=4,
-        heartbeat_s=0.05,
-        telemetry_s=0.05,
-        progress_s=0.05,
-        progress_poll_s=0.02,
-        work_dir=tmp_path / "work",
-        kill_grace_s=0.3,
-        preempt_grace_s=20.0,
-        exit_flush_s=5.0,
-    )
+    return agent_config(nats_server.url, tmp_path / "work", **PROCESS_TIMINGS)
 
 
 @pytest.fixture

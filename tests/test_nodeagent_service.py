@@ -38,18 +38,31 @@ NODE = "node-a"
 FOREVER = 10**9
 
 
+def agent_config(nats_url: str, work_dir: Path, **overrides: Any) -> NodeAgentConfig:
+    """A four-GPU node reporting every 50 ms."""
+    settings: dict[str, Any] = {
+        "nats_url": nats_url,
+        "name": NODE,
+        "gpus": 4,
+        "heartbeat_s": 0.05,
+        "telemetry_s": 0.05,
+        "progress_s": 0.05,
+        "work_dir": work_dir,
+        "exit_flush_s": 5.0,
+    }
+    settings.update(overrides)
+    return NodeAgentConfig(**settings)
+
+
+#: process runs: fast progress polling, a quick kill, time for the worker to checkpoint
+PROCESS_TIMINGS: dict[str, Any] = {
+    "progress_poll_s": 0.02, "kill_grace_s": 0.3, "preempt_grace_s": 20.0
+}
+
+
 @pytest.fixture
 def config(nats_server: NatsServer, tmp_path: Path) -> NodeAgentConfig:
-    return NodeAgentConfig(
-        nats_url=nats_server.url,
-        name=NODE,
-        gpus=4,
-        heartbeat_s=0.05,
-        telemetry_s=0.05,
-        progress_s=0.05,
-        work_dir=tmp_path / "work",
-        exit_flush_s=5.0,
-    )
+    return agent_config(nats_server.url, tmp_path / "work")
 
 
 @pytest.fixture

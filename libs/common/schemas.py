@@ -114,6 +114,20 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     run_id: int = 0
     #: a cancel was asked for while the job ran; it ends CANCELLED once stopped
     cancel_requested: bool = False
+    #: the global batch and GPU count the job runs with since a resize (None: the spec's)
+    batch_size: int | None = None
+    gpus: int | None = None
+
+    @property
+    def current_spec(self) -> JobSpec:
+        """The spec with the shape the job runs with now (a resize may have changed it)."""
+        if self.batch_size is None and self.gpus is None:
+            return self.spec
+        return msgspec.structs.replace(
+            self.spec,
+            batch_size=self.batch_size or self.spec.batch_size,
+            gpus=self.gpus or self.spec.gpus,
+        )
 
 
 class GpuInfo(msgspec.Struct, frozen=True):
@@ -215,7 +229,26 @@ class StopJob(msgspec.Struct, frozen=True, kw_only=True, tag="stop"):
     reason: Literal["preempt", "cancel", "lost"] = "cancel"
 
 
-Command = StartJob | StopJob
+class ResizeJob(msgspec.Struct, frozen=True, kw_only=True, tag="resize"):
+    """Restart a running job on this node with a new shape, from its checkpoint.
+
+    The agent preempts run ``run_id`` (it checkpoints) and starts ``new_run_id`` with
+    ``batch_size`` and ``gpus`` from the iteration it saved. Only the new run reports an
+    exit. A job that spans several nodes is moved by a stop and a start instead.
+    """
+
+    job_id: str
+    run_id: int
+    new_run_id: int
+    #: GPU indices on the receiving node for the new run
+    gpus: list[int]
+    #: the new global batch
+    batch_size: int
+    accum_steps: int = 1
+    co_runners: list[str] = []
+
+
+Command = StartJob | StopJob | ResizeJob
 
 
 class CommandReply(msgspec.Struct, frozen=True):
@@ -264,6 +297,7 @@ class DecisionSummary(msgspec.Struct, frozen=True, kw_only=True):
     policy: str
     started: list[str] = []
     preempted: list[str] = []
+    resized: list[str] = []
     pending: int = 0
     decide_ms: float = 0.0
 

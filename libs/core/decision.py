@@ -1,4 +1,4 @@
-"""What a policy decides: starts, preemptions, and why every other job waits."""
+"""What a policy decides: starts, preemptions, resizes, and why every other job waits."""
 
 from __future__ import annotations
 
@@ -23,6 +23,18 @@ class Preempt:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Resize:
+    """Restart a running job with a new shape from its checkpoint (an elastic policy's
+    move). The GPUs are global ids; the job keeps its progress."""
+
+    job_id: str
+    gpu_ids: tuple[int, ...]
+    batch_size: int
+    accum_steps: int = 1
+    reason: str = ""
+
+
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
 
@@ -30,6 +42,7 @@ _EMPTY: Mapping[str, str] = MappingProxyType({})
 class Decision:
     starts: tuple[Start, ...] = ()
     preemptions: tuple[Preempt, ...] = ()
+    resizes: tuple[Resize, ...] = ()
     #: why each examined job stays pending
     reasons: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     #: why every other pending job waits (the policy stopped looking once nothing could fit)

@@ -36,6 +36,7 @@ from libs.common.schemas import (
     JobProgressEvent,
     NodeInfo,
     Progress,
+    ResizeJob,
     RunningJob,
     StartJob,
     StopJob,
@@ -73,7 +74,8 @@ PUBLISH_TIMEOUT_S = 2.0
 EXIT_RETRY_FIRST_S = 0.1
 EXIT_RETRY_MAX_S = 2.0
 #: the command type as msgspec decodes it: a tagged union
-_COMMAND = cast("type[StartJob | StopJob]", StartJob | StopJob)
+Command = StartJob | StopJob | ResizeJob
+_COMMAND = cast("type[Command]", Command)
 
 
 # ---- messages to the agent's actor --------------------------------------------------
@@ -81,7 +83,7 @@ _COMMAND = cast("type[StartJob | StopJob]", StartJob | StopJob)
 
 @dataclass(frozen=True, slots=True)
 class _Command:
-    command: StartJob | StopJob
+    command: Command
     reply: asyncio.Future[CommandReply]
 
 
@@ -164,6 +166,8 @@ class _Run:
     #: (iteration, seconds) of progress lines read since the last progress event
     samples: list[tuple[int, float]] = field(default_factory=list)
     stopping: StopReason | None = None
+    #: the run that replaces this one once it has checkpointed (a resize)
+    successor: StartJob | None = None
 
     @property
     def job_id(self) -> str:
@@ -389,7 +393,7 @@ class NodeAgent(Actor[AgentMessage]):
         except msgspec.DecodeError as exc:
             reply = CommandReply(ok=False, error=f"undecodable command: {exc}")
         else:
-            kind = "start" if isinstance(command, StartJob) else "stop"
+            kind = str(command.__struct_config__.tag)
             if self.running:
                 future: asyncio.Future[CommandReply] = asyncio.get_running_loop().create_future()
                 self.tell(_Command(command, future))
@@ -405,10 +409,13 @@ class NodeAgent(Actor[AgentMessage]):
         match message:
             case _Command(command, reply):
                 try:
-                    if isinstance(command, StartJob):
-                        answer = await self._start(command)
-                    else:
-                        answer = await self._stop(command)
+                    match command:
+                        case StartJob():
+                            answer = await self._start(command)
+                        case StopJob():
+                            answer = await self._stop(command)
+                        case ResizeJob():
+                            answer = await self._resize(command)
                 except Exception as exc:
                     self.log.exception("command failed", job_id=command.job_id)
                     answer = CommandReply(False, f"node agent error: {exc!r}")
@@ -668,6 +675,84 @@ class NodeAgent(Actor[AgentMessage]):
             poll_s=config.progress_poll_s,
         )
 
+    # ---- resizing -----------------------------------------------------------------------
+    async def _resize(self, resize: ResizeJob) -> CommandReply:
+        """Checkpoint the current run, then restart it with the new shape (in ``_end``)."""
+        job_id = resize.job_id
+        if resize.new_run_id <= resize.run_id:
+            return CommandReply(
+                False, f"new_run_id: must be above run_id {resize.run_id}, got {resize.new_run_id}"
+            )
+        run = self._runs.get(job_id)
+        if run is not None and run.run_id == resize.new_run_id:
+            return CommandReply(True)  # a retried command: the new run runs already
+        if (job_id, resize.new_run_id) in self._ended:
+            return CommandReply(True)  # it ran to its end already; its exit is reported
+        if run is None or run.run_id != resize.run_id:
+            where = f"as run {run.run_id}" if run is not None else "at all"
+            return CommandReply(
+                False, f"run_id: job {job_id} does not run on {self.config.name} {where}"
+            )
+        if run.successor is not None:
+            if run.successor.run_id == resize.new_run_id:
+                return CommandReply(True)  # a retry while the old run checkpoints
+            return CommandReply(
+                False, f"new_run_id: job {job_id} is being resized to run {run.successor.run_id}"
+            )
+        if self._closing:
+            return CommandReply(False, f"node agent {self.config.name} is shutting down")
+        problem = self._check_resize(run, resize)
+        successor = self._resized(run.start, resize)
+        problem = problem or self._check(successor) or (self._kind_of(successor)[1])
+        if problem:
+            run.log.warning("resize refused", error=problem)
+            return CommandReply(False, problem)
+        run.successor = successor
+        run.log.info(
+            "resize requested",
+            new_run_id=resize.new_run_id,
+            batch_size=resize.batch_size,
+            gpus=resize.gpus,
+            accum_steps=resize.accum_steps,
+        )
+        await self._stop_run(run, "preempt")
+        return CommandReply(True)
+
+    @staticmethod
+    def _check_resize(run: _Run, resize: ResizeJob) -> str:
+        if run.start.nodes > 1 or not run.start.leader:
+            return (
+                f"job_id: job {resize.job_id} spans {run.start.nodes} nodes; move it with "
+                "a stop and a start"
+            )
+        if resize.batch_size < 1:
+            return f"batch_size: must be >= 1, got {resize.batch_size}"
+        if resize.accum_steps >= 1 and resize.gpus:
+            per_step = resize.batch_size // (len(resize.gpus) * resize.accum_steps)
+            if per_step < 1:
+                return (
+                    f"batch_size: {resize.batch_size} leaves no sample per GPU for "
+                    f"{len(resize.gpus)} GPUs x {resize.accum_steps} accumulation steps"
+                )
+        return ""
+
+    def _resized(self, start: StartJob, resize: ResizeJob) -> StartJob:
+        spec = msgspec.structs.replace(
+            start.spec, batch_size=resize.batch_size, gpus=len(resize.gpus)
+        )
+        return msgspec.structs.replace(
+            start,
+            run_id=resize.new_run_id,
+            spec=spec,
+            gpus=list(resize.gpus),
+            accum_steps=resize.accum_steps,
+            co_runners=list(resize.co_runners),
+            # a speed given for the old shape says nothing about the new one
+            emulated_iteration_s=None
+            if spec.model in self._known_models
+            else start.emulated_iteration_s,
+        )
+
     # ---- stopping and ending ------------------------------------------------------------
     async def _stop(self, stop: StopJob) -> CommandReply:
         run = self._runs.get(stop.job_id)
@@ -724,22 +809,41 @@ class NodeAgent(Actor[AgentMessage]):
             **({"stderr_tail": end.stderr_tail[-300:]} if end.outcome == "failed" else {}),
         )
         self._retime_sharing(run.start.gpus)
-        if run.start.leader:
-            self._deliver(
-                JobExit(
-                    job_id=run.job_id,
-                    run_id=run.run_id,
-                    node=self.config.name,
-                    outcome=end.outcome,
-                    exit_code=end.exit_code,
-                    iteration=end.iteration,
-                    stderr_tail=end.stderr_tail,
-                    at=time.time(),
-                )
-            )
         if run.process is not None:
             await run.process.__aexit__(None, None, None)
+        successor = run.successor
+        if successor is not None and end.outcome == "stopped" and not self._closing:
+            await self._restart(successor, end.iteration)
+        elif run.start.leader:
+            # after a resize was asked for, the scheduler follows the new run's id
+            run_id = run.run_id if successor is None else successor.run_id
+            if successor is not None:
+                self._ended[(run.job_id, run_id)] = None
+            self._deliver(self._exit(run.job_id, run_id, end))
         self._resolve_stopped_all()
+
+    async def _restart(self, successor: StartJob, iteration: int) -> None:
+        """Start the run that replaces a resized one, from where it checkpointed."""
+        start = msgspec.structs.replace(successor, resume_iteration=iteration)
+        answer = await self._start(start)
+        if not answer.ok:
+            self.log.warning("restart after resize failed", job_id=start.job_id,
+                             error=answer.error)
+            self._ended[(start.job_id, start.run_id)] = None
+            self._deliver(self._exit(start.job_id, start.run_id, RunEnd(
+                "failed", iteration, None, f"restart after resize failed: {answer.error}")))
+
+    def _exit(self, job_id: str, run_id: int, end: RunEnd) -> JobExit:
+        return JobExit(
+            job_id=job_id,
+            run_id=run_id,
+            node=self.config.name,
+            outcome=end.outcome,
+            exit_code=end.exit_code,
+            iteration=end.iteration,
+            stderr_tail=end.stderr_tail,
+            at=time.time(),
+        )
 
     def _deliver(self, exit: JobExit) -> None:
         task = asyncio.create_task(self._publish_exit(exit), name=f"exit-{exit.job_id}")

@@ -45,11 +45,12 @@ from libs.common.schemas import (
     Placement,
     PredictRequest,
     Progress,
+    ResizeJob,
     StartJob,
     StateChange,
     StopJob,
 )
-from libs.core.decision import Start
+from libs.core.decision import Resize, Start
 from libs.core.groundtruth import load_performance_model
 from libs.core.perf import PerformanceModel, UnknownModelError
 from services.predictor.client import PredictorClient, PredictorClientError
@@ -119,6 +120,9 @@ class StartResult:
 @dataclass(frozen=True)
 class Estimated:
     job_id: str
+    #: the shape the estimate is for (a resize may have changed it since)
+    batch_size: int
+    gpus: int
     iteration_s: float
 
 
@@ -243,13 +247,13 @@ class LiveScheduler(Actor[Message]):
         return job
 
     def _profiled_iteration_s(self, record: JobRecord) -> float:
-        spec = record.spec
+        spec = record.current_spec
         nodes = consolidated_nodes(spec.gpus, self.layout.cluster if self.layout else None)
         return self.estimates.iteration_time(spec.model, spec.batch_size, spec.gpus, nodes)
 
     async def _ask_predictor(self, record: JobRecord) -> None:
         """Runs beside the actor; reports back as a message."""
-        spec = record.spec
+        spec = record.current_spec
         nodes = consolidated_nodes(spec.gpus, self.layout.cluster if self.layout else None)
         request = PredictRequest(
             model=spec.model,
@@ -265,7 +269,8 @@ class LiveScheduler(Actor[Message]):
             self.log.debug("predictor unavailable; keeping the profile", error=str(exc))
             return
         if prediction.iteration_s:
-            self.tell(Estimated(record.id, prediction.iteration_s * self.config.time_scale))
+            self.tell(Estimated(record.id, spec.batch_size, spec.gpus,
+                                prediction.iteration_s * self.config.time_scale))
 
     # ---- dispatch -------------------------------------------------------------------
     async def handle(self, message: Message) -> None:
@@ -285,9 +290,13 @@ class LiveScheduler(Actor[Message]):
                 await self._rescan()
             case StartResult():
                 await self._start_result(message)
-            case Estimated(job_id, iteration_s):
-                if job_id in self.jobs:
-                    self.jobs[job_id].est_iteration_s = iteration_s
+            case Estimated(job_id, batch_size, gpus, iteration_s):
+                job = self.jobs.get(job_id)
+                spec = job.record.current_spec if job is not None else None
+                if job is not None and spec is not None and (spec.batch_size, spec.gpus) == (
+                    batch_size, gpus
+                ):
+                    job.est_iteration_s = iteration_s
             case StopFailed():
                 self.log.warning("stop not confirmed", job_id=message.job_id, error=message.error)
 
@@ -351,6 +360,7 @@ class LiveScheduler(Actor[Message]):
             )
 
     async def _finish(self, job: LiveJob, state: JobState, reason: str, **changes: Any) -> None:
+        job.settle_service(time.time())
         await self._transition(job, state, reason, **changes)
         self.jobs.pop(job.id, None)
         self.settled.add(job.id)
@@ -359,7 +369,9 @@ class LiveScheduler(Actor[Message]):
     async def _requeue(self, job: LiveJob, state: JobState, reason: str, **changes: Any) -> None:
         job.phase = Phase.WAITING
         job.stop_reason = ""
+        job.resizing_from = None
         job.queued_since = time.time()
+        job.settle_service(job.queued_since)
         await self._transition(job, state, reason, placement=[], shares_with=[], **changes)
         self._request_round()
 
@@ -450,7 +462,9 @@ class LiveScheduler(Actor[Message]):
         node.reported = {r.job_id: r.run_id for r in beat.running}
         for running in beat.running:
             job = self.jobs.get(running.job_id)
-            if job is not None and job.record.run_id == running.run_id and job.holds_gpus:
+            if job is not None and job.holds_gpus and running.run_id in (
+                job.record.run_id, job.resizing_from
+            ):
                 job.last_seen = now
                 continue
             # the node runs something we did not start (or no longer want): truth wins,
@@ -525,6 +539,8 @@ class LiveScheduler(Actor[Message]):
             job = self.jobs.get(preempt.job_id)
             if job is not None and job.phase == Phase.RUNNING:
                 self._stop(job, "preempt")
+        for resize in decision.resizes:
+            await self._resize(resize)
         for start in decision.starts:
             await self._start(start, snapshot.now)
         started_ids = {s.job_id for s in decision.starts}
@@ -532,12 +548,13 @@ class LiveScheduler(Actor[Message]):
             if view.job_id not in started_ids:
                 await self._explain(self.jobs[view.job_id], decision.why(view.job_id))
         self.wake_at = decision.wake_at
-        if decision.starts or decision.preemptions:
+        if decision.starts or decision.preemptions or decision.resizes:
             summary = DecisionSummary(
                 at=now,
                 policy=self.policy.name,
                 started=sorted(started_ids),
                 preempted=[p.job_id for p in decision.preemptions],
+                resized=[r.job_id for r in decision.resizes],
                 pending=len(snapshot.pending) - len(started_ids),
                 decide_ms=self.last_decide_ms,
             )
@@ -584,7 +601,7 @@ class LiveScheduler(Actor[Message]):
 
     async def _send_starts(self, record: JobRecord, placement: list[Placement]) -> None:
         """Runs beside the actor; reports back as a message."""
-        spec = record.spec
+        spec = record.current_spec
         commands = [
             StartJob(
                 job_id=record.id,
@@ -611,7 +628,7 @@ class LiveScheduler(Actor[Message]):
                         job_id=record.id, run_id=record.run_id, reason="lost"))
         self.tell(StartResult(record.id, record.run_id, "; ".join(errors)))
 
-    async def _command(self, node: str, command: StartJob | StopJob) -> str:
+    async def _command(self, node: str, command: StartJob | StopJob | ResizeJob) -> str:
         """Send with retries; '' on success, else why it failed."""
         error = ""
         for attempt in range(self.config.command_retries):
@@ -633,13 +650,89 @@ class LiveScheduler(Actor[Message]):
         job = self.jobs.get(result.job_id)
         if job is None or job.record.run_id != result.run_id or job.phase != Phase.STARTING:
             return
+        if result.error and job.resizing_from is not None:
+            self.log.warning("resize failed", job_id=job.id, error=result.error)
+            # whichever run the node has, it checkpoints and goes; the job starts anew
+            for run_id in (job.resizing_from, job.record.run_id):
+                for part in job.record.placement:
+                    self._send_stop(part.node, job.id, run_id, "preempt")
+            await self._requeue(job, JobState.PREEMPTED, f"resize failed ({result.error})",
+                                preemptions=job.record.preemptions + 1)
+            return
         if result.error:
             self.log.warning("start failed", job_id=job.id, error=result.error)
             await self._requeue(job, JobState.QUEUED, f"start failed ({result.error}); retrying")
             return
         job.phase = Phase.RUNNING
-        job.iteration_at = time.time()
+        job.iteration_at = job.running_since = time.time()
+        if job.resizing_from is not None:
+            job.resizing_from = None
+            spec = job.record.current_spec
+            await self._transition(
+                job, JobState.RUNNING,
+                f"resized to batch {spec.batch_size} on {spec.gpus} GPUs",
+            )
+            return
         await self._transition(job, JobState.RUNNING, "started")
+
+    async def _resize(self, resize: Resize) -> None:
+        """In place on the job's node: one resize command. Elsewhere: a preemption, and
+        the job starts again with its new shape where the next round puts it."""
+        job = self.jobs.get(resize.job_id)
+        if job is None or job.phase != Phase.RUNNING or self.layout is None:
+            return
+        problem = _resize_problem(job.record, resize)
+        if problem:
+            self.log.warning("resize ignored", job_id=job.id, error=problem)
+            return
+        now = time.time()
+        placement = self.layout.placement(resize.gpu_ids)
+        before = job.record.placement
+        shape = {"batch_size": resize.batch_size, "gpus": len(resize.gpu_ids)}
+        self.log.info(
+            "resizing job", job_id=job.id, placement=[(p.node, p.gpus) for p in placement],
+            accum_steps=resize.accum_steps, reason=resize.reason, **shape,
+        )
+        if len(before) != 1 or len(placement) != 1 or before[0].node != placement[0].node:
+            await self._write(job, replace(job.record, **shape))
+            self._reestimate(job)
+            self._stop(job, "preempt")
+            return
+        job.settle_service(now)
+        job.resizing_from = job.record.run_id
+        job.phase = Phase.STARTING
+        job.last_seen = now
+        await self._write(
+            job,
+            replace(
+                job.record,
+                run_id=job.record.run_id + 1,
+                placement=placement,
+                accum_steps=resize.accum_steps,
+                shares_with=[],
+                **shape,
+            ),
+        )
+        self._reestimate(job)
+        command = ResizeJob(
+            job_id=job.id,
+            run_id=job.resizing_from,
+            new_run_id=job.record.run_id,
+            gpus=placement[0].gpus,
+            batch_size=resize.batch_size,
+            accum_steps=resize.accum_steps,
+        )
+        node, run_id = placement[0].node, job.record.run_id
+
+        async def send() -> None:
+            self.tell(StartResult(job.id, run_id, await self._command(node, command)))
+
+        self.spawn(send())
+
+    def _reestimate(self, job: LiveJob) -> None:
+        with contextlib.suppress(UnknownModelError):
+            job.est_iteration_s = self._profiled_iteration_s(job.record)
+        self.spawn(self._ask_predictor(job.record))
 
     def _stop(self, job: LiveJob, reason: str) -> None:
         job.phase = Phase.STOPPING
@@ -661,6 +754,25 @@ class LiveScheduler(Actor[Message]):
                 self.tell(StopFailed(job_id, run_id, error))
 
         self.spawn(send())
+
+
+def _resize_problem(record: JobRecord, resize: Resize) -> str:
+    """Why a policy's resize cannot apply to this job, or ''."""
+    spec = record.spec
+    if not resize.gpu_ids or len(set(resize.gpu_ids)) != len(resize.gpu_ids):
+        return f"gpu_ids: {resize.gpu_ids} must be distinct GPUs"
+    if spec.min_batch_size is not None and resize.batch_size < spec.min_batch_size:
+        return f"batch_size: {resize.batch_size} is below min_batch_size {spec.min_batch_size}"
+    if spec.max_batch_size is not None and resize.batch_size > spec.max_batch_size:
+        return f"batch_size: {resize.batch_size} is above max_batch_size {spec.max_batch_size}"
+    if resize.accum_steps < 1 or resize.batch_size // (
+        len(resize.gpu_ids) * resize.accum_steps
+    ) < 1:
+        return (
+            f"batch_size: {resize.batch_size} leaves no sample per GPU for "
+            f"{len(resize.gpu_ids)} GPUs x {resize.accum_steps} accumulation steps"
+        )
+    return ""
 
 
 class SchedulerService:

@@ -82,7 +82,12 @@ class LiveJob:
     queued_since: float = 0.0
     #: a failed job is not offered to the policy before this time (retry backoff)
     not_before: float = 0.0
+    #: GPU-seconds of service of the runs that ended (the current run counts on top)
     attained_gpu_s: float = 0.0
+    #: when the current run went RUNNING (0: none runs)
+    running_since: float = 0.0
+    #: the run a resize replaces: its node may list it until it has checkpointed
+    resizing_from: int | None = None
     #: when the job's node last listed it as running
     last_seen: float = 0.0
     last_progress_write: float = 0.0
@@ -99,6 +104,20 @@ class LiveJob:
 
     def remaining_s(self) -> float:
         return max(0, self.record.total_iterations - self.iteration) * self.est_iteration_s
+
+    @property
+    def gpus(self) -> int:
+        return self.record.current_spec.gpus
+
+    def attained_at(self, now: float) -> float:
+        """GPU-seconds of service so far, the current run included."""
+        running = max(0.0, now - self.running_since) if self.running_since else 0.0
+        return self.attained_gpu_s + running * self.gpus
+
+    def settle_service(self, now: float) -> None:
+        """Add the current run's service to the total (its run ends or changes shape)."""
+        self.attained_gpu_s = self.attained_at(now)
+        self.running_since = 0.0
 
 
 @dataclass
@@ -169,7 +188,7 @@ def consolidated_nodes(gpus: int, cluster: Cluster | None) -> int:
 
 
 def job_memory_mb(job: LiveJob, estimates: PerformanceModel) -> float:
-    spec = job.record.spec
+    spec = job.record.current_spec
     return estimates.gpu_memory_mb(
         spec.model, spec.batch_size / (spec.gpus * max(1, job.record.accum_steps))
     )
@@ -177,7 +196,7 @@ def job_memory_mb(job: LiveJob, estimates: PerformanceModel) -> float:
 
 def _view(job: LiveJob, as_of: float, **extra: Any) -> JobView:
     record = job.record
-    spec = record.spec
+    spec = record.current_spec
     return JobView(
         job_id=job.id,
         submit_time=record.submitted_at,
@@ -185,7 +204,7 @@ def _view(job: LiveJob, as_of: float, **extra: Any) -> JobView:
         gpus=spec.gpus,
         batch_size=spec.batch_size,
         est_remaining_s=job.remaining_s(),
-        attained_gpu_s=job.attained_gpu_s,
+        attained_gpu_s=job.attained_at(as_of),
         as_of=as_of,
         allow_sharing=spec.allow_sharing,
         deadline=spec.deadline,

@@ -1,0 +1,125 @@
+"""A policy's resize applied by the live scheduler: in place by one command to the node,
+across nodes by a preemption and a start with the new shape."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from libs.common.bus import Stores
+from libs.common.embedded import wait_until
+from libs.common.schemas import JobState
+from libs.core.decision import Decision, Resize
+from libs.core.snapshot import Snapshot
+from services.scheduler.live import LiveScheduler, SchedulerService
+from services.scheduler.policies import make_policy
+from services.scheduler.policies.base import Policy, QueueSort
+from tests.live import fast_scheduler, record, spec, store_job, wait_state
+from tests.test_live_scheduling import nodes
+
+
+@dataclasses.dataclass
+class ResizeOnceRunning:
+    """FIFO, plus one resize of ``job_id`` the first time it is seen running."""
+
+    job_id: str
+    resize: Resize
+    inner: Policy = dataclasses.field(default_factory=lambda: make_policy("fifo"))
+    sent: bool = False
+    name: str = "fifo+resize"
+    # an elastic policy decides on running jobs too, not only when some job waits
+    preemptive: bool = True
+
+    @property
+    def queue_sort(self) -> QueueSort | None:
+        return self.inner.queue_sort
+
+    def decide(self, snapshot: Snapshot) -> Decision:
+        decision = self.inner.decide(snapshot)
+        running = any(v.job_id == self.job_id and v.progress_rate > 0 for v in snapshot.running)
+        if running and not self.sent:
+            self.sent = True
+            return dataclasses.replace(decision, resizes=(self.resize,))
+        return decision
+
+
+async def leading(service: SchedulerService) -> LiveScheduler:
+    await wait_until(lambda: service.scheduler is not None)
+    assert service.scheduler is not None
+    return service.scheduler
+
+
+async def test_a_resize_in_place_restarts_the_job_with_its_new_shape_and_it_finishes(
+    nats_server, stores: Stores, tmp_path: Path
+):
+    async with nodes(nats_server.url, tmp_path, count=1), SchedulerService(
+        fast_scheduler(nats_server.url)
+    ) as service:
+        scheduler = await leading(service)
+        job_id = await store_job(stores, spec(batch_size=32, iterations=3000, max_batch_size=256))
+        scheduler.policy = ResizeOnceRunning(
+            job_id, Resize(job_id, (0, 1), batch_size=128, accum_steps=2, reason="grow")
+        )
+        first = await wait_state(stores, job_id, JobState.RUNNING)
+        assert first.run_id == 1 and first.placement[0].gpus == [0]
+
+        async def resized():
+            current = await record(stores, job_id)
+            return current if current.history[-1].reason.startswith("resized") else None
+
+        grown = await wait_until(resized, timeout_s=15)
+        assert (grown.run_id, grown.batch_size, grown.gpus, grown.accum_steps) == (2, 128, 2, 2)
+        assert grown.placement[0].gpus == [0, 1]
+        assert grown.history[-1].reason == "resized to batch 128 on 2 GPUs"
+        assert grown.preemptions == 0
+        live = scheduler.jobs[job_id]
+        assert live.attained_gpu_s > 0, "the first run's GPU service was not counted"
+        done = await wait_state(stores, job_id, JobState.SUCCEEDED, timeout_s=30)
+    assert done.progress.iteration == 3000 and done.run_id == 2
+    assert [c.state for c in done.history] == [
+        JobState.QUEUED, JobState.RUNNING, JobState.RUNNING, JobState.SUCCEEDED
+    ]
+
+
+async def test_a_resize_onto_another_node_preempts_and_starts_with_the_new_shape(
+    nats_server, stores: Stores, tmp_path: Path
+):
+    async with nodes(nats_server.url, tmp_path, count=2), SchedulerService(
+        fast_scheduler(nats_server.url)
+    ) as service:
+        scheduler = await leading(service)
+        job_id = await store_job(stores, spec(batch_size=32, iterations=3000))
+        # node-1's GPUs are global ids 4-7
+        scheduler.policy = ResizeOnceRunning(
+            job_id, Resize(job_id, (4, 5, 6), batch_size=96)
+        )
+        await wait_state(stores, job_id, JobState.RUNNING)
+
+        async def restarted():
+            current = await record(stores, job_id)
+            return current if current.run_id == 2 and current.placement else None
+
+        moved = await wait_until(restarted, timeout_s=15)
+        assert (moved.batch_size, moved.gpus) == (96, 3)
+        assert sum(len(p.gpus) for p in moved.placement) == 3
+        done = await wait_state(stores, job_id, JobState.SUCCEEDED, timeout_s=30)
+    assert done.progress.iteration == 3000 and done.preemptions == 1
+    assert [c.state for c in done.history] == [
+        JobState.QUEUED, JobState.RUNNING, JobState.PREEMPTED, JobState.RUNNING,
+        JobState.SUCCEEDED,
+    ]
+
+
+async def test_a_resize_outside_the_jobs_batch_range_is_ignored(
+    nats_server, stores: Stores, tmp_path: Path
+):
+    async with nodes(nats_server.url, tmp_path, count=1), SchedulerService(
+        fast_scheduler(nats_server.url)
+    ) as service:
+        scheduler = await leading(service)
+        job_id = await store_job(stores, spec(batch_size=32, iterations=300, max_batch_size=64))
+        policy = ResizeOnceRunning(job_id, Resize(job_id, (0, 1), batch_size=128))
+        scheduler.policy = policy
+        done = await wait_state(stores, job_id, JobState.SUCCEEDED, timeout_s=30)
+    assert policy.sent
+    assert (done.run_id, done.batch_size, done.gpus) == (1, None, None)
