@@ -164,12 +164,12 @@ async def test_a_preempted_job_resumes_without_losing_or_repeating_work(
         assert torch.equal(resumed["model"][name], tensor), name
 
 
-def uninterrupted_parameters(directory: Path) -> dict[str, torch.Tensor]:
+def uninterrupted_parameters(directory: Path, **overrides: str) -> dict[str, torch.Tensor]:
     """The same job trained in one go in this process (one thread, like the worker)."""
     saved_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        ctx = JobContext.from_env(job_env(directory))
+        ctx = JobContext.from_env(job_env(directory, **overrides))
         with ctx:
             assert run_job(ctx, ModelSpec.for_model("bert"), TrainingOptions()) == "done"
         state = ctx.load_checkpoint()

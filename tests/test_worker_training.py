@@ -149,12 +149,33 @@ def test_accumulation_steps_give_the_same_update_as_the_whole_batch(zoo: str) ->
     assert any(p.grad.abs().sum() > 0 for p in whole.parameters() if p.grad is not None)
 
 
-def test_a_batch_that_does_not_split_evenly_is_refused_by_the_step() -> None:
+def test_uneven_accumulation_steps_still_give_the_whole_batch_gradient() -> None:
     spec = ModelSpec.for_model("mlp")
-    model = build_model(spec)
+    torch.manual_seed(0)
+    whole = build_model(spec)
+    uneven = copy.deepcopy(whole)
+    # 10 samples in 4 steps: 3, 3, 2 and 2, each weighted by its share of the batch
     inputs, targets = SyntheticData(spec, seed=0).batch(0, 10)
 
-    with pytest.raises(ValueError, match="divisible by accum_steps 4"):
+    def loss_function(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return loss_of(spec, outputs, labels)
+
+    whole_loss = train_step(whole, make_optimizer(whole, 0.1), loss_function, inputs, targets, 1)
+    uneven_loss = train_step(uneven, make_optimizer(uneven, 0.1), loss_function, inputs,
+                             targets, 4)
+
+    assert uneven_loss == pytest.approx(whole_loss, rel=1e-5)
+    for p_whole, p_uneven in zip(whole.parameters(), uneven.parameters(), strict=True):
+        assert p_whole.grad is not None and p_uneven.grad is not None
+        torch.testing.assert_close(p_uneven.grad, p_whole.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_a_step_with_fewer_samples_than_accumulation_steps_is_refused() -> None:
+    spec = ModelSpec.for_model("mlp")
+    model = build_model(spec)
+    inputs, targets = SyntheticData(spec, seed=0).batch(0, 3)
+
+    with pytest.raises(ValueError, match="below accum_steps 4"):
         train_step(
             model,
             make_optimizer(model, 0.1),

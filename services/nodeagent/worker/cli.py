@@ -13,6 +13,8 @@ import argparse
 import dataclasses
 import json
 import os
+import socket
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,6 +33,13 @@ from services.nodeagent.worker.catalog import (
 ITERATION_LOG_ENV = "GPUSCHED_WORKER_ITERATION_LOG"
 #: pauses inside this iteration until SIGTERM (for tests of preemption mid-iteration)
 HOLD_AT_ITERATION_ENV = "GPUSCHED_WORKER_HOLD_AT_ITERATION"
+#: set by rank 0 for the processes it starts: their rank and where the ranks meet
+RANK_ENV = "GPUSCHED_WORKER_RANK"
+RENDEZVOUS_ENV = "GPUSCHED_WORKER_RENDEZVOUS"
+#: "0" trains a job given several GPUs on the first one only, in one process
+DATA_PARALLEL_ENV = "GPUSCHED_WORKER_DATA_PARALLEL"
+#: how long rank 0 waits for the other ranks to exit after it is done
+RANKS_EXIT_WAIT_S = 30.0
 #: model used when neither --model nor GPUSCHED_MODEL names one (runs by hand)
 FALLBACK_MODEL = "mlp"
 USAGE_ERROR = 2
@@ -140,10 +149,13 @@ def debug_hooks(environ: Mapping[str, str]) -> tuple[Path | None, int | None]:
     return (Path(log_path) if log_path else None), hold
 
 
-def _train(args: argparse.Namespace) -> int:
+def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     ctx = JobContext.from_env()
     if args.device is not None:
         ctx = dataclasses.replace(ctx, device=args.device)
+    rank, ranks, rendezvous = data_parallel_layout(ctx, os.environ)
+    if rank > 0:
+        ctx = dataclasses.replace(ctx, progress_file=None)
     # before torch loads (seconds): a preemption from then on still ends in a checkpoint
     ctx.install_signal_handlers()
     name, source = (
@@ -151,16 +163,77 @@ def _train(args: argparse.Namespace) -> int:
     )
     spec = model_spec(name, source, args.width, args.depth)
     iteration_log, hold_at = debug_hooks(os.environ)
+    others: list[subprocess.Popen[bytes]] = []
+    if ranks > 1 and rank == 0:
+        rendezvous = f"tcp://127.0.0.1:{_free_port()}"
+        # started before torch loads here, so the ranks load it side by side
+        others = [_start_rank(r, rendezvous, argv) for r in range(1, ranks)]
 
     import torch
 
-    from services.nodeagent.worker.training import DebugHooks, TrainingOptions, run_job
+    from services.nodeagent.worker.training import (
+        DataParallel,
+        DebugHooks,
+        TrainingOptions,
+        run_job,
+    )
 
     torch.set_num_threads(args.threads)
     options = TrainingOptions(seed=args.seed, learning_rate=args.lr)
-    with ctx:
-        run_job(ctx, spec, options, DebugHooks(iteration_log, hold_at))
+    parallel = DataParallel(rank, ranks, rendezvous) if ranks > 1 else None
+    try:
+        with ctx:
+            run_job(ctx, spec, options, DebugHooks(iteration_log, hold_at), parallel)
+    except BaseException:
+        for process in others:
+            process.kill()  # they would wait for this rank in a collective until it times out
+        raise
+    finally:
+        _reap(others)
     return 0
+
+
+def data_parallel_layout(ctx: JobContext, environ: Mapping[str, str]) -> tuple[int, int, str]:
+    """(rank, ranks, rendezvous) of this process: one rank per GPU of the job."""
+    if environ.get(DATA_PARALLEL_ENV, "").strip() == "0" or len(ctx.gpus) < 2:
+        return 0, 1, ""
+    raw = environ.get(RANK_ENV, "0").strip() or "0"
+    try:
+        rank = int(raw)
+    except ValueError:
+        raise UsageError(f"{RANK_ENV} must be an integer, got {raw!r}") from None
+    if not 0 <= rank < len(ctx.gpus):
+        raise UsageError(f"{RANK_ENV}: {rank} is outside 0..{len(ctx.gpus) - 1}")
+    rendezvous = environ.get(RENDEZVOUS_ENV, "").strip()
+    if rank > 0 and not rendezvous:
+        raise UsageError(f"{RENDEZVOUS_ENV}: required for rank {rank}")
+    return rank, len(ctx.gpus), rendezvous
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _start_rank(rank: int, rendezvous: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+    env = {**os.environ, RANK_ENV: str(rank), RENDEZVOUS_ENV: rendezvous}
+    # the same process group as rank 0: a stop signal to the job reaches every rank
+    return subprocess.Popen(
+        [sys.executable, "-m", "services.nodeagent.worker", *argv],
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _reap(others: list[subprocess.Popen[bytes]]) -> None:
+    for process in others:
+        try:
+            process.wait(timeout=RANKS_EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -206,10 +279,11 @@ def _profile(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(arguments)
     configure_logging()
     try:
-        return _profile(args) if args.profile else _train(args)
+        return _profile(args) if args.profile else _train(args, arguments)
     except (JobEnvironmentError, UsageError) as error:
         print(f"gpusched worker: error: {error}", file=sys.stderr)
         return USAGE_ERROR

@@ -5,14 +5,19 @@ samples each, every step's loss scaled by ``1/k``, followed by one optimizer ste
 effective batch and the learning rate do not depend on ``k``, so the scheduler may change
 ``k`` between runs of the same job (for example when it moves the job to fewer GPUs).
 
-The model trains on a single device. A job given several GPUs still uses only the first
-visible one: data parallelism across GPUs is out of scope for this worker.
+A job given several GPUs on its node trains data-parallel: one process per GPU (rank),
+each taking its share of every global batch, with DistributedDataParallel averaging the
+gradients (NCCL on GPUs, gloo on the CPU). Each sample's loss is weighted by its share of
+the global batch, so any number of ranks and accumulation steps computes the gradient of
+the same full-batch mean loss, and a checkpoint written by one shape resumes in another.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -48,23 +53,35 @@ def train_step(
     targets: Tensor,
     accum_steps: int,
     after_accumulation_step: Callable[[int], None] | None = None,
+    *,
+    share: float = 1.0,
+    no_sync: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
 ) -> float:
     """One iteration: ``accum_steps`` forward/backward passes, then one optimizer step.
 
-    Returns the loss of the whole batch. Gradients stay in ``.grad`` until the next call.
+    ``share`` is this rank's gradient weight (its samples over the global batch, times the
+    number of ranks that average their gradients); 1 for a single process. ``no_sync``
+    skips the gradient all-reduce of every accumulation step but the last.
+
+    Returns this rank's part of the batch loss. Gradients stay in ``.grad`` until the
+    next call.
     """
     if accum_steps < 1:
         raise ValueError(f"accum_steps must be >= 1, got {accum_steps}")
     batch_size = inputs.shape[0]
-    if batch_size % accum_steps:
-        raise ValueError(f"batch size {batch_size} must be divisible by accum_steps {accum_steps}")
+    if batch_size < accum_steps:
+        raise ValueError(f"batch size {batch_size} is below accum_steps {accum_steps}")
     optimizer.zero_grad(set_to_none=True)
     batch_loss = torch.zeros((), device=inputs.device)
-    for step, (step_inputs, step_targets) in enumerate(
-        zip(inputs.chunk(accum_steps), targets.chunk(accum_steps), strict=True)
-    ):
-        loss = loss_function(model(step_inputs), step_targets) / accum_steps
-        loss.backward()
+    steps = zip(
+        inputs.tensor_split(accum_steps), targets.tensor_split(accum_steps), strict=True
+    )
+    for step, (step_inputs, step_targets) in enumerate(steps):
+        last = step == accum_steps - 1
+        weight = share * step_inputs.shape[0] / batch_size
+        with no_sync() if no_sync is not None and not last else contextlib.nullcontext():
+            loss = loss_function(model(step_inputs), step_targets) * weight
+            loss.backward()
         batch_loss += loss.detach()
         if after_accumulation_step is not None:
             after_accumulation_step(step)
@@ -98,8 +115,45 @@ class DebugHooks:
     hold_at_iteration: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class DataParallel:
+    """This process's place among the ranks of a data-parallel run."""
+
+    rank: int
+    world_size: int
+    #: where the ranks meet, e.g. ``tcp://127.0.0.1:29500``
+    init_method: str
+    timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is outside 0..{self.world_size - 1}")
+
+
+@contextlib.contextmanager
+def process_group(parallel: DataParallel | None, device: str) -> Iterator[None]:
+    """Join the ranks (NCCL on CUDA, gloo on the CPU) for the block; nothing for one rank."""
+    if parallel is None or parallel.world_size == 1:
+        yield
+        return
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "nccl" if device.startswith("cuda") else "gloo",
+        init_method=parallel.init_method,
+        rank=parallel.rank,
+        world_size=parallel.world_size,
+        timeout=datetime.timedelta(seconds=parallel.timeout_s),
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
 class Trainer:
-    """A zoo model, its optimizer and its data, on one device."""
+    """A zoo model, its optimizer and its data, on one device (one rank of a
+    data-parallel run when ``parallel`` is given; the process group must be up)."""
 
     def __init__(
         self,
@@ -109,19 +163,31 @@ class Trainer:
         accum_steps: int,
         device: str,
         options: TrainingOptions,
+        parallel: DataParallel | None = None,
     ) -> None:
-        if batch_size % accum_steps:
+        ranks = parallel.world_size if parallel is not None else 1
+        if batch_size < ranks * accum_steps:
             raise ValueError(
-                f"batch_size {batch_size} must be divisible by accum_steps {accum_steps}"
+                f"batch_size {batch_size} leaves no sample for some of {ranks} ranks x "
+                f"{accum_steps} accumulation steps"
             )
         self.spec = spec
         self.batch_size = batch_size
         self.accum_steps = accum_steps
         self.device = torch.device(device)
         self.options = options
+        self.parallel = parallel if ranks > 1 else None
         torch.manual_seed(options.seed)
-        self.model = build_model(spec).to(self.device)
-        self.optimizer = make_optimizer(self.model, options.learning_rate)
+        #: the bare model: its state is what checkpoints hold, whatever the number of ranks
+        self.net = build_model(spec).to(self.device)
+        self.model: nn.Module = self.net
+        self._ddp: nn.parallel.DistributedDataParallel | None = None
+        if self.parallel is not None:
+            self._ddp = nn.parallel.DistributedDataParallel(
+                self.net, device_ids=[self.device.index] if self.device.type == "cuda" else None
+            )
+            self.model = self._ddp
+        self.optimizer = make_optimizer(self.net, options.learning_rate)
         self.data = SyntheticData(spec, options.seed)
 
     def loss_function(self, outputs: Tensor, targets: Tensor) -> Tensor:
@@ -132,6 +198,13 @@ class Trainer:
     ) -> float:
         """Train on the batch of ``iteration`` (0-based: the first iteration is 0)."""
         inputs, targets = self.data.batch(iteration, self.batch_size)
+        share, no_sync = 1.0, None
+        if self.parallel is not None and self._ddp is not None:
+            rank, ranks = self.parallel.rank, self.parallel.world_size
+            inputs, targets = inputs.tensor_split(ranks)[rank], targets.tensor_split(ranks)[rank]
+            # DDP averages over ranks; this weight turns the average into the full-batch mean
+            share = ranks * inputs.shape[0] / self.batch_size
+            no_sync = self._ddp.no_sync
         return train_step(
             self.model,
             self.optimizer,
@@ -140,7 +213,24 @@ class Trainer:
             targets.to(self.device, non_blocking=True),
             self.accum_steps,
             after_accumulation_step,
+            share=share,
+            no_sync=no_sync,
         )
+
+    def agree_to_stop(self, wants_to_stop: bool) -> bool:
+        """True when any rank was told to stop: every rank then ends at the same iteration."""
+        if self.parallel is None:
+            return wants_to_stop
+        import torch.distributed as dist
+
+        flag = torch.tensor([1 if wants_to_stop else 0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    @property
+    def is_main(self) -> bool:
+        """The rank that reports progress and writes checkpoints."""
+        return self.parallel is None or self.parallel.rank == 0
 
     def state(self, iteration: int) -> dict[str, Any]:
         return {
@@ -150,7 +240,7 @@ class Trainer:
             "width": self.spec.width,
             "depth": self.spec.depth,
             "seed": self.options.seed,
-            "model": self.model.state_dict(),
+            "model": self.net.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "torch_rng": torch.get_rng_state(),
         }
@@ -165,7 +255,7 @@ class Trainer:
                 f"({state.get('format')}, {', '.join(map(str, saved))}) does not match this "
                 f"run ({CHECKPOINT_FORMAT}, {', '.join(map(str, ours))})"
             )
-        self.model.load_state_dict(state["model"])
+        self.net.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         return int(state["iteration"])
@@ -176,40 +266,53 @@ def run_job(
     spec: ModelSpec,
     options: TrainingOptions,
     hooks: DebugHooks | None = None,
+    parallel: DataParallel | None = None,
 ) -> Outcome:
     """Train from the last checkpoint up to ``ctx.total_iterations`` or until told to stop.
 
     Either way the run ends with a checkpoint at the iteration it reached, so a stopped job
-    loses no work and a finished one restarts as finished.
+    loses no work and a finished one restarts as finished. With ``parallel``, this process
+    is one rank: rank 0 reports and checkpoints, and all ranks stop at the same iteration.
     """
     hooks = hooks or DebugHooks()
-    bound = log.bind(job_id=ctx.job_id, run_id=ctx.run_id)
+    rank = parallel.rank if parallel is not None else 0
+    bound = log.bind(job_id=ctx.job_id, run_id=ctx.run_id, rank=rank)
     device = ctx.torch_device()
     if device != ctx.device:
         bound.warning("cuda unavailable, training on the cpu", requested=ctx.device)
-    trainer = Trainer(
-        spec,
-        batch_size=ctx.batch_size,
-        accum_steps=ctx.accum_steps,
-        device=device,
-        options=options,
-    )
+    if device == "cuda" and parallel is not None:
+        device = f"cuda:{rank}"
+    with process_group(parallel, device):
+        trainer = Trainer(
+            spec,
+            batch_size=ctx.batch_size,
+            accum_steps=ctx.accum_steps,
+            device=device,
+            options=options,
+            parallel=parallel,
+        )
+        return _train_loop(ctx, trainer, hooks, bound)
+
+
+def _train_loop(ctx: JobContext, trainer: Trainer, hooks: DebugHooks, bound: Any) -> Outcome:
     state = ctx.load_checkpoint()
     iteration = 0 if state is None else trainer.restore(state)
-    if iteration != ctx.start_iteration:
+    if iteration != ctx.start_iteration and trainer.is_main:
         bound.info(
             "start iteration hint differs from the checkpoint",
             hint=ctx.start_iteration,
             checkpoint=iteration,
         )
+    spec = trainer.spec
     bound.info(
         "training",
         zoo=spec.zoo,
         width=spec.width,
         depth=spec.depth,
-        device=device,
+        device=str(trainer.device),
         batch_size=ctx.batch_size,
         accum_steps=ctx.accum_steps,
+        ranks=trainer.parallel.world_size if trainer.parallel is not None else 1,
         from_iteration=iteration,
         total_iterations=ctx.total_iterations,
     )
@@ -217,15 +320,18 @@ def run_job(
 
     def checkpoint(at: int) -> None:
         nonlocal last_checkpoint
+        if not trainer.is_main:
+            return
         if last_checkpoint != at:
             ctx.save_checkpoint(trainer.state(at))
             last_checkpoint = at
         ctx.checkpointed(at)
 
-    iteration_log = hooks.iteration_log.open("a", encoding="utf-8") if hooks.iteration_log else None
+    log_path = hooks.iteration_log if trainer.is_main else None
+    iteration_log = log_path.open("a", encoding="utf-8") if log_path else None
     try:
         ctx.start_clock()
-        while iteration < ctx.total_iterations and not ctx.should_stop:
+        while iteration < ctx.total_iterations and not trainer.agree_to_stop(ctx.should_stop):
             hold = _hold_until_stopped(ctx) if iteration + 1 == hooks.hold_at_iteration else None
             loss = trainer.step(iteration, hold)
             iteration += 1
@@ -241,7 +347,8 @@ def run_job(
     if iteration >= ctx.total_iterations:
         if last_checkpoint != iteration:
             checkpoint(iteration)
-        ctx.done(iteration)
+        if trainer.is_main:
+            ctx.done(iteration)
         bound.info("done", iteration=iteration)
         return "done"
     checkpoint(iteration)
