@@ -122,3 +122,71 @@ async def test_a_real_torch_job_runs_to_succeeded_through_a_process_mode_cluster
     assert "Traceback" not in log
     progress = (tmp_path / "state" / "work" / job_id / "progress-1.jsonl").read_text()
     assert '"event": "done"' in progress or '"event":"done"' in progress
+
+
+async def test_two_torch_jobs_share_one_gpu_as_two_processes_with_the_chosen_accumulation(
+    nats_server, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("GPUSCHED_STATE_DIR", str(tmp_path / "state"))
+    config = UpConfig(
+        nodes=1, gpus_per_node=1, policy="sjf-ffs", port=0, nats_url=nats_server.url,
+        state_dir=tmp_path / "state", jobs_mode="process", heartbeat_s=0.2,
+    )
+    work = tmp_path / "state" / "work"
+    async with LocalCluster(config) as cluster, aiohttp.ClientSession(
+        headers={"Authorization": f"Bearer {cluster.token}"}
+    ) as session:
+
+        async def submit(body: dict) -> str:
+            async with session.post(f"{cluster.url}/v1/jobs", json=body) as response:
+                assert response.status == 201, await response.text()
+                return str((await response.json())["id"])
+
+        async def job(job_id: str) -> dict:
+            async with session.get(f"{cluster.url}/v1/jobs/{job_id}") as response:
+                return dict(await response.json())
+
+        async def running(job_id: str) -> dict:
+            for _ in range(600):
+                current = await job(job_id)
+                if current["state"] == "RUNNING":
+                    return current
+                await asyncio.sleep(0.1)
+            raise AssertionError(f"{job_id} stayed {current['state']}: {current['pending_reason']}")
+
+        first = await submit({"name": "resident", "model": "resnet18", "batch_size": 32,
+                              "iterations": 1_000_000})
+        await running(first)
+        second = await submit({"name": "guest", "model": "ncf", "batch_size": 64,
+                               "iterations": 1_000_000})
+        guest = await running(second)
+        resident = await job(first)
+        assert guest["placement"] == resident["placement"] == [{"node": "node-0", "gpus": [0]}]
+        assert guest["shares_with"] == [first]
+
+        def training_line(job_id: str) -> dict | None:
+            log = work / job_id / "run-1.log"
+            for line in log.read_text().splitlines() if log.exists() else []:
+                if line.startswith("{") and '"training"' in line:
+                    return dict(json.loads(line))
+            return None
+
+        for _ in range(600):
+            if training_line(first) and training_line(second):
+                break
+            await asyncio.sleep(0.1)
+        lines = {job_id: training_line(job_id) for job_id in (first, second)}
+        assert all(lines.values()), lines
+        # two worker processes, each with the accumulation steps the scheduler recorded
+        for job_id, record in ((first, resident), (second, guest)):
+            assert lines[job_id]["accum_steps"] == record["accum_steps"]
+            assert lines[job_id]["job_id"] == job_id
+        for job_id in (first, second):
+            async with session.delete(f"{cluster.url}/v1/jobs/{job_id}") as response:
+                assert response.status in (200, 202), await response.text()
+        for job_id in (first, second):
+            for _ in range(600):
+                if (await job(job_id))["state"] == "CANCELLED":
+                    break
+                await asyncio.sleep(0.1)
+            assert (await job(job_id))["state"] == "CANCELLED"
