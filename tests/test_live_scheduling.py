@@ -3,6 +3,7 @@ simulated jobs and real torch processes on the CPU."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -214,3 +215,26 @@ async def test_every_service_survives_a_nats_server_restart(nats_server, nc, tmp
             done = await wait_state(stores, job_id, JobState.SUCCEEDED, timeout_s=60)
             assert done.progress.iteration == done.total_iterations
         assert scheduler.is_leader
+
+
+async def test_a_torch_job_across_two_nodes_trains_with_one_rank_per_gpu_on_both(
+    nats_server, stores: Stores, tmp_path
+):
+    async with nodes(nats_server.url, tmp_path, count=2, gpus=1, jobs_mode="process",
+                     preempt_grace_s=30.0), SchedulerService(fast_scheduler(nats_server.url)):
+        job_id = await store_job(stores, spec(model="resnet18", batch_size=8, gpus=2,
+                                              iterations=6, checkpoint_every=2))
+        done = await wait_state(stores, job_id, JobState.SUCCEEDED, JobState.FAILED,
+                                timeout_s=90)
+    assert done.state is JobState.SUCCEEDED, done.error
+    assert done.progress.iteration == 6
+    logs = {
+        "leader": (tmp_path / "work" / job_id / "run-1.log").read_text(),
+        "follower": "".join(
+            path.read_text() for path in (tmp_path / "work" / job_id).glob("run-1-node-*.log")
+        ),
+    }
+    for part, rank in (("leader", 0), ("follower", 1)):
+        lines = [json.loads(line) for line in logs[part].splitlines()
+                 if line.startswith("{") and '"training"' in line]
+        assert [(line["rank"], line["ranks"]) for line in lines] == [(rank, 2)], logs[part][-2000:]

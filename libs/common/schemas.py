@@ -220,6 +220,11 @@ class StartJob(msgspec.Struct, frozen=True, kw_only=True, tag="start"):
     leader: bool = True
     #: overrides the agent's ground truth for a simulated job: seconds per iteration
     emulated_iteration_s: float | None = None
+    #: a process job across nodes: where its ranks meet (the leader's reply gives it to
+    #: the other parts), this part's first global rank, and the ranks of the whole job
+    rendezvous: str = ""
+    first_rank: int = 0
+    world_size: int = 0
 
 
 class StopJob(msgspec.Struct, frozen=True, kw_only=True, tag="stop"):
@@ -254,6 +259,8 @@ Command = StartJob | StopJob | ResizeJob
 class CommandReply(msgspec.Struct, frozen=True):
     ok: bool
     error: str = ""
+    #: the leader part of a process job across nodes: where the other parts' ranks meet
+    rendezvous: str = ""
 
 
 class JobExit(msgspec.Struct, frozen=True, kw_only=True):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import sys
 import time
 import zlib
@@ -464,7 +465,8 @@ class NodeAgent(Actor[AgentMessage]):
         current = self._runs.get(start.job_id)
         if current is not None:
             if current.run_id == start.run_id:
-                return CommandReply(True)  # a retried command: it runs already
+                # a retried command: it runs already
+                return CommandReply(True, rendezvous=current.start.rendezvous)
             return CommandReply(
                 False,
                 f"job {start.job_id} already runs on {self.config.name} as run "
@@ -482,6 +484,14 @@ class NodeAgent(Actor[AgentMessage]):
         if kind is None:
             self.log.warning("start refused", job_id=start.job_id, error=problem)
             return CommandReply(False, problem)
+        if kind == "process" and start.leader and start.nodes > 1:
+            # the other parts' ranks meet at this node; the reply tells the scheduler where
+            start = msgspec.structs.replace(
+                start,
+                rendezvous=f"tcp://{self.config.advertise_host}:{_free_port()}",
+                first_rank=0,
+                world_size=start.spec.gpus,
+            )
         run = _Run(
             start=start,
             kind=kind,
@@ -515,7 +525,7 @@ class NodeAgent(Actor[AgentMessage]):
         if kind == "process":
             run.process = ProcessRun(self._plan(start), self.tell)
             await run.process.__aenter__()
-        return CommandReply(True)
+        return CommandReply(True, rendezvous=start.rendezvous)
 
     def _check(self, start: StartJob) -> str:
         """Why this start cannot run here, or ''."""
@@ -545,12 +555,24 @@ class NodeAgent(Actor[AgentMessage]):
             return f"nodes: must be >= 1, got {start.nodes}"
         if start.emulated_iteration_s is not None and not start.emulated_iteration_s > 0:
             return f"emulated_iteration_s: must be > 0, got {start.emulated_iteration_s}"
+        if start.rendezvous and (
+            start.first_rank < 0 or start.world_size < start.first_rank + len(start.gpus)
+        ):
+            return (
+                f"world_size: {start.world_size} ranks cannot hold ranks {start.first_rank}.."
+                f"{start.first_rank + len(start.gpus) - 1} of this part"
+            )
         return ""
 
     def _kind_of(self, start: StartJob) -> tuple[RunKind | None, str]:
         """The kind of run this start makes, or None and why it cannot run."""
         if not start.leader:
-            return "held", ""
+            # a part of a process job across nodes runs its ranks; any other holds its GPUs
+            kind, _ = self._leader_kind(start)
+            return ("process" if kind == "process" and start.rendezvous else "held"), ""
+        return self._leader_kind(start)
+
+    def _leader_kind(self, start: StartJob) -> tuple[RunKind | None, str]:
         if start.spec.command:
             return "process", ""
         model = start.spec.model
@@ -634,7 +656,9 @@ class NodeAgent(Actor[AgentMessage]):
         config, spec = self.config, start.spec
         job_dir = config.work_dir / start.job_id
         checkpoint_dir = job_dir / "ckpt"
-        progress_file = job_dir / f"progress-{start.run_id}.jsonl"
+        # the parts of a job across nodes may share a work directory: one name per part
+        part = "" if start.leader else f"-{config.name}"
+        progress_file = job_dir / f"progress-{start.run_id}{part}.jsonl"
         contract: dict[str, Any] = {
             "GPUSCHED_JOB_ID": start.job_id,
             "GPUSCHED_RUN_ID": start.run_id,
@@ -651,6 +675,12 @@ class NodeAgent(Actor[AgentMessage]):
             "GPUSCHED_NODE": config.name,
             "PYTHONUNBUFFERED": "1",
         }
+        if start.rendezvous:
+            contract.update({
+                "GPUSCHED_RENDEZVOUS": start.rendezvous,
+                "GPUSCHED_FIRST_RANK": start.first_rank,
+                "GPUSCHED_WORLD_SIZE": start.world_size,
+            })
         if not self._inventory.emulated:
             by_index = {g.index: g.uuid for g in self._inventory.gpus}
             contract["CUDA_VISIBLE_DEVICES"] = ",".join(by_index[i] for i in start.gpus)
@@ -666,7 +696,7 @@ class NodeAgent(Actor[AgentMessage]):
             argv=argv,
             env=run_environment(contract),
             progress_file=progress_file,
-            log_file=job_dir / f"run-{start.run_id}.log",
+            log_file=job_dir / f"run-{start.run_id}{part}.log",
             checkpoint_dir=checkpoint_dir,
             total_iterations=start.total_iterations,
             start_iteration=start.resume_iteration,
@@ -967,7 +997,7 @@ class NodeAgent(Actor[AgentMessage]):
     async def _progress_events(self) -> None:
         now = asyncio.get_running_loop().time()
         for run in list(self._runs.values()):
-            if run.kind == "held":
+            if run.kind == "held" or not run.start.leader:
                 continue
             progress = self._progress_of(run, now)
             event = JobProgressEvent(
@@ -1018,6 +1048,13 @@ class NodeAgent(Actor[AgentMessage]):
                     "GPU memory oversubscribed", gpu=index, used_mb=round(used),
                     capacity_mb=capacity[index], jobs=sorted(r.job_id for r in residents),
                 )
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def _ranges(indices: list[int]) -> str:

@@ -64,6 +64,8 @@ class EmulatedCluster:
     ) -> EmulatedCluster:
         """A cluster of identical nodes; ``settings`` are further NodeAgentConfig fields
         (time_scale, jobs_mode, work_dir, heartbeat_s, ...)."""
+        # every agent of this cluster runs on this host
+        settings.setdefault("advertise_host", "127.0.0.1")
         template = NodeAgentConfig(
             nats_url=nats_url,
             name=f"{prefix}-0",

@@ -84,6 +84,8 @@ class NodeAgentConfig:
     exit_flush_s: float = 30.0
     #: serve Prometheus metrics on this port (0: any free port; None: not at all)
     metrics_port: int | None = None
+    #: the address other nodes reach this one at, for the ranks of jobs across nodes
+    advertise_host: str = field(default_factory=socket.gethostname)
 
     def __post_init__(self) -> None:
         if not isinstance(self.nats_url, str) or not self.nats_url.startswith(NATS_SCHEMES):
@@ -129,6 +131,12 @@ class NodeAgentConfig:
             object.__setattr__(self, "data_dir", data_dir)
         if self.metrics_port is not None:
             _check_int("metrics_port", self.metrics_port, low=0, high=65535)
+        if not isinstance(self.advertise_host, str) or not re.fullmatch(
+            r"[A-Za-z0-9.:_\[\]-]{1,253}", self.advertise_host
+        ):
+            raise ValueError(
+                f"advertise_host: must be a host name or address, got {self.advertise_host!r}"
+            )
 
     @property
     def emulated_gpu_mem_mb(self) -> int:
@@ -193,6 +201,7 @@ ENVIRONMENT: dict[str, str] = {
     "kill_grace_s": "GPUSCHED_NODEAGENT_KILL_GRACE_S",
     "preempt_grace_s": "GPUSCHED_NODEAGENT_PREEMPT_GRACE_S",
     "metrics_port": "GPUSCHED_NODEAGENT_METRICS_PORT",
+    "advertise_host": "GPUSCHED_NODEAGENT_HOST",
 }
 
 

@@ -14,6 +14,7 @@ import asyncio
 import collections
 import contextlib
 import functools
+import itertools
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -600,7 +601,8 @@ class LiveScheduler(Actor[Message]):
         self.spawn(self._send_starts(job.record, placement))
 
     async def _send_starts(self, record: JobRecord, placement: list[Placement]) -> None:
-        """Runs beside the actor; reports back as a message."""
+        """Runs beside the actor; reports back as a message. The leader part starts
+        first: for a process job across nodes its reply says where the ranks meet."""
         spec = record.current_spec
         commands = [
             StartJob(
@@ -617,19 +619,37 @@ class LiveScheduler(Actor[Message]):
             )
             for i, part in enumerate(placement)
         ]
-        results = await asyncio.gather(
-            *(self._command(part.node, cmd) for part, cmd in zip(placement, commands, strict=True))
-        )
-        errors = [f"{p.node}: {e}" for p, e in zip(placement, results, strict=True) if e]
-        if errors:
-            for part, error in zip(placement, results, strict=True):
-                if not error:
-                    await self._command(part.node, StopJob(
-                        job_id=record.id, run_id=record.run_id, reason="lost"))
+        error, reply = await self._request(placement[0].node, commands[0])
+        errors = [f"{placement[0].node}: {error}"] if error else []
+        if not errors and len(placement) > 1:
+            followers = commands[1:]
+            if reply is not None and reply.rendezvous:
+                first_ranks = itertools.accumulate(len(p.gpus) for p in placement)
+                followers = [
+                    replace(command, rendezvous=reply.rendezvous, first_rank=first,
+                            world_size=spec.gpus)
+                    for command, first in zip(followers, first_ranks, strict=False)
+                ]
+            results = await asyncio.gather(
+                *(self._command(part.node, cmd)
+                  for part, cmd in zip(placement[1:], followers, strict=True))
+            )
+            errors = [f"{p.node}: {e}" for p, e in zip(placement[1:], results, strict=True) if e]
+            if errors:
+                for part, result in zip(placement, ["", *results], strict=True):
+                    if not result:
+                        await self._command(part.node, StopJob(
+                            job_id=record.id, run_id=record.run_id, reason="lost"))
         self.tell(StartResult(record.id, record.run_id, "; ".join(errors)))
 
     async def _command(self, node: str, command: StartJob | StopJob | ResizeJob) -> str:
         """Send with retries; '' on success, else why it failed."""
+        error, _ = await self._request(node, command)
+        return error
+
+    async def _request(
+        self, node: str, command: StartJob | StopJob | ResizeJob
+    ) -> tuple[str, CommandReply | None]:
         error = ""
         for attempt in range(self.config.command_retries):
             try:
@@ -640,11 +660,11 @@ class LiveScheduler(Actor[Message]):
                     headers=codec.headers(),
                 )
                 answer = codec.decode(reply.data, CommandReply)
-                return "" if answer.ok else (answer.error or "refused")
+                return ("" if answer.ok else (answer.error or "refused")), answer
             except Exception as exc:
                 error = f"no answer ({type(exc).__name__})"
                 await asyncio.sleep(min(0.05 * 2**attempt, 0.5))
-        return error
+        return error, None
 
     async def _start_result(self, result: StartResult) -> None:
         job = self.jobs.get(result.job_id)

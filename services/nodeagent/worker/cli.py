@@ -33,9 +33,13 @@ from services.nodeagent.worker.catalog import (
 ITERATION_LOG_ENV = "GPUSCHED_WORKER_ITERATION_LOG"
 #: pauses inside this iteration until SIGTERM (for tests of preemption mid-iteration)
 HOLD_AT_ITERATION_ENV = "GPUSCHED_WORKER_HOLD_AT_ITERATION"
-#: set by rank 0 for the processes it starts: their rank and where the ranks meet
-RANK_ENV = "GPUSCHED_WORKER_RANK"
-RENDEZVOUS_ENV = "GPUSCHED_WORKER_RENDEZVOUS"
+#: set by a node's first rank for the processes it starts: their rank on the node
+LOCAL_RANK_ENV = "GPUSCHED_WORKER_RANK"
+#: where the ranks meet (from the node agent for a job across nodes; else chosen here),
+#: the global rank of this node's first GPU, and the ranks of the whole job
+RENDEZVOUS_ENV = "GPUSCHED_RENDEZVOUS"
+FIRST_RANK_ENV = "GPUSCHED_FIRST_RANK"
+WORLD_SIZE_ENV = "GPUSCHED_WORLD_SIZE"
 #: "0" trains a job given several GPUs on the first one only, in one process
 DATA_PARALLEL_ENV = "GPUSCHED_WORKER_DATA_PARALLEL"
 #: how long rank 0 waits for the other ranks to exit after it is done
@@ -153,8 +157,8 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     ctx = JobContext.from_env()
     if args.device is not None:
         ctx = dataclasses.replace(ctx, device=args.device)
-    rank, ranks, rendezvous = data_parallel_layout(ctx, os.environ)
-    if rank > 0:
+    layout = data_parallel_layout(ctx, os.environ)
+    if layout.rank > 0:
         ctx = dataclasses.replace(ctx, progress_file=None)
     # before torch loads (seconds): a preemption from then on still ends in a checkpoint
     ctx.install_signal_handlers()
@@ -164,10 +168,15 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     spec = model_spec(name, source, args.width, args.depth)
     iteration_log, hold_at = debug_hooks(os.environ)
     others: list[subprocess.Popen[bytes]] = []
-    if ranks > 1 and rank == 0:
-        rendezvous = f"tcp://127.0.0.1:{_free_port()}"
+    if layout.world_size > 1 and layout.local_rank == 0:
+        if not layout.rendezvous:
+            layout = dataclasses.replace(
+                layout, rendezvous=f"tcp://127.0.0.1:{_free_port()}"
+            )
         # started before torch loads here, so the ranks load it side by side
-        others = [_start_rank(r, rendezvous, argv) for r in range(1, ranks)]
+        others = [
+            _start_rank(local, layout.rendezvous, argv) for local in range(1, layout.local_ranks)
+        ]
 
     import torch
 
@@ -180,7 +189,11 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     torch.set_num_threads(args.threads)
     options = TrainingOptions(seed=args.seed, learning_rate=args.lr)
-    parallel = DataParallel(rank, ranks, rendezvous) if ranks > 1 else None
+    parallel = (
+        DataParallel(layout.rank, layout.world_size, layout.rendezvous, layout.local_rank)
+        if layout.world_size > 1
+        else None
+    )
     try:
         with ctx:
             run_job(ctx, spec, options, DebugHooks(iteration_log, hold_at), parallel)
@@ -193,21 +206,50 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
-def data_parallel_layout(ctx: JobContext, environ: Mapping[str, str]) -> tuple[int, int, str]:
-    """(rank, ranks, rendezvous) of this process: one rank per GPU of the job."""
-    if environ.get(DATA_PARALLEL_ENV, "").strip() == "0" or len(ctx.gpus) < 2:
-        return 0, 1, ""
-    raw = environ.get(RANK_ENV, "0").strip() or "0"
-    try:
-        rank = int(raw)
-    except ValueError:
-        raise UsageError(f"{RANK_ENV} must be an integer, got {raw!r}") from None
-    if not 0 <= rank < len(ctx.gpus):
-        raise UsageError(f"{RANK_ENV}: {rank} is outside 0..{len(ctx.gpus) - 1}")
+@dataclasses.dataclass(frozen=True)
+class RankLayout:
+    """Where this process sits among the ranks of its job."""
+
+    #: rank among the job's processes on this node, and how many there are
+    local_rank: int = 0
+    local_ranks: int = 1
+    #: global rank, and the ranks of the whole job (all nodes)
+    rank: int = 0
+    world_size: int = 1
+    rendezvous: str = ""
+
+
+def data_parallel_layout(ctx: JobContext, environ: Mapping[str, str]) -> RankLayout:
+    """One rank per GPU of the job: ``GPUSCHED_GPUS`` on this node, and, for a job across
+    nodes, the first rank and world size the node agent passes."""
     rendezvous = environ.get(RENDEZVOUS_ENV, "").strip()
-    if rank > 0 and not rendezvous:
-        raise UsageError(f"{RENDEZVOUS_ENV}: required for rank {rank}")
-    return rank, len(ctx.gpus), rendezvous
+    single_node_off = environ.get(DATA_PARALLEL_ENV, "").strip() == "0"
+    if not rendezvous and (single_node_off or len(ctx.gpus) < 2):
+        return RankLayout()
+    local_ranks = max(1, len(ctx.gpus))
+    local_rank = _int_env(environ, LOCAL_RANK_ENV, 0)
+    first_rank = _int_env(environ, FIRST_RANK_ENV, 0)
+    world_size = _int_env(environ, WORLD_SIZE_ENV, local_ranks)
+    if not 0 <= local_rank < local_ranks:
+        raise UsageError(f"{LOCAL_RANK_ENV}: {local_rank} is outside 0..{local_ranks - 1}")
+    if first_rank < 0 or first_rank + local_ranks > world_size:
+        raise UsageError(
+            f"{WORLD_SIZE_ENV}: {world_size} ranks cannot hold ranks {first_rank}.."
+            f"{first_rank + local_ranks - 1} ({FIRST_RANK_ENV} and GPUSCHED_GPUS)"
+        )
+    if (local_rank > 0 or first_rank > 0) and not rendezvous:
+        raise UsageError(f"{RENDEZVOUS_ENV}: required for rank {first_rank + local_rank}")
+    return RankLayout(local_rank, local_ranks, first_rank + local_rank, world_size, rendezvous)
+
+
+def _int_env(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise UsageError(f"{name} must be an integer, got {raw!r}") from None
 
 
 def _free_port() -> int:
@@ -217,9 +259,9 @@ def _free_port() -> int:
         return port
 
 
-def _start_rank(rank: int, rendezvous: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
-    env = {**os.environ, RANK_ENV: str(rank), RENDEZVOUS_ENV: rendezvous}
-    # the same process group as rank 0: a stop signal to the job reaches every rank
+def _start_rank(local_rank: int, rendezvous: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+    env = {**os.environ, LOCAL_RANK_ENV: str(local_rank), RENDEZVOUS_ENV: rendezvous}
+    # the same process group as this rank: a stop signal to the job reaches every rank
     return subprocess.Popen(
         [sys.executable, "-m", "services.nodeagent.worker", *argv],
         env=env,

@@ -123,6 +123,8 @@ class DataParallel:
     world_size: int
     #: where the ranks meet, e.g. ``tcp://127.0.0.1:29500``
     init_method: str
+    #: rank among the job's processes on this node: its GPU is ``cuda:<local_rank>``
+    local_rank: int = 0
     timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
@@ -281,7 +283,7 @@ def run_job(
     if device != ctx.device:
         bound.warning("cuda unavailable, training on the cpu", requested=ctx.device)
     if device == "cuda" and parallel is not None:
-        device = f"cuda:{rank}"
+        device = f"cuda:{parallel.local_rank}"
     with process_group(parallel, device):
         trainer = Trainer(
             spec,
