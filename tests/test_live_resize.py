@@ -1,9 +1,11 @@
-"""A policy's resize applied by the live scheduler: in place by one command to the node,
-across nodes by a preemption and a start with the new shape."""
+"""What live policies act on beyond starts: a resize (in place by one command to the
+node, across nodes by a preemption and a start with the new shape), and the GPU service
+each job has attained."""
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 from libs.common.bus import Stores
@@ -123,3 +125,21 @@ async def test_a_resize_outside_the_jobs_batch_range_is_ignored(
         done = await wait_state(stores, job_id, JobState.SUCCEEDED, timeout_s=30)
     assert policy.sent
     assert (done.run_id, done.batch_size, done.gpus) == (1, None, None)
+
+
+async def test_tiresias_live_demotes_a_job_by_its_attained_service_at_the_clusters_time_scale(
+    nats_server, stores: Stores, tmp_path: Path
+):
+    scale = 0.0005  # Tiresias' first threshold, 3,600 GPU-seconds, is 1.8 s of wall time
+    async with nodes(nats_server.url, tmp_path, count=1, gpus=1, time_scale=scale), \
+            SchedulerService(fast_scheduler(nats_server.url, policy="tiresias",
+                                            time_scale=scale)) as service:
+        scheduler = await leading(service)
+        old = await store_job(stores, spec(iterations=10**8))
+        await wait_state(stores, old, JobState.RUNNING)
+        await wait_until(lambda: scheduler.jobs[old].attained_at(time.time()) > 2.5, 10)
+        new = await store_job(stores, spec(iterations=10**8))
+        await wait_state(stores, new, JobState.RUNNING)
+        demoted = await record(stores, old)
+    assert JobState.PREEMPTED in [c.state for c in demoted.history]
+    assert demoted.preemptions == 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import functools
 import itertools
 import time
@@ -57,7 +58,8 @@ from libs.core.perf import PerformanceModel, UnknownModelError
 from services.predictor.client import PredictorClient, PredictorClientError
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.lease import LeaderLease
-from services.scheduler.policies import make_policy
+from services.scheduler.policies import Policy, make_policy
+from services.scheduler.policies.preemptive import Tiresias
 from services.scheduler.state import (
     Layout,
     LiveJob,
@@ -148,7 +150,7 @@ class LiveScheduler(Actor[Message]):
         self.config = config
         self.nc = nc
         self.stores = stores
-        self.policy = make_policy(config.policy)
+        self.policy = scaled_policy(make_policy(config.policy), config.time_scale)
         truth: PerformanceModel = load_performance_model(config.data_dir)
         self.estimates: PerformanceModel = ScaledModel(truth, config.time_scale)
         self.predictor = PredictorClient(nc, timeout_s=config.predictor_timeout_s)
@@ -774,6 +776,19 @@ class LiveScheduler(Actor[Message]):
                 self.tell(StopFailed(job_id, run_id, error))
 
         self.spawn(send())
+
+
+def scaled_policy(policy: Policy, time_scale: float) -> Policy:
+    """The policy with its durations in wall seconds: on a cluster whose jobs run
+    ``1/time_scale`` times faster, Tiresias' service thresholds and starvation wait shrink
+    alike, so jobs move between its queues at the same points of their work."""
+    if time_scale == 1.0 or not isinstance(policy, Tiresias):
+        return policy
+    return dataclasses.replace(
+        policy,
+        thresholds_gpu_s=tuple(t * time_scale for t in policy.thresholds_gpu_s),
+        min_wait_s=policy.min_wait_s * time_scale,
+    )
 
 
 def _resize_problem(record: JobRecord, resize: Resize) -> str:
