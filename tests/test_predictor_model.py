@@ -18,6 +18,9 @@ from services.predictor.model import (
     RATIO_BOUNDS,
     BaselinePredictor,
     InvalidRequest,
+    Learned,
+    LearnedIterations,
+    LearnedRatio,
 )
 from tests.builders import TablePerf
 
@@ -337,3 +340,43 @@ def test_the_config_is_read_from_the_environment(tmp_path: Path):
 def test_a_malformed_environment_variable_is_named():
     with pytest.raises(ValueError, match="GPUSCHED_PREDICTOR_HISTORY_WEIGHT"):
         PredictorConfig.from_env({"GPUSCHED_PREDICTOR_HISTORY_WEIGHT": "lots"})
+
+
+def test_what_one_predictor_learned_restores_into_another_exactly():
+    first = predictor(weight=0.5)
+    first.observe_progress(progress("j1", iteration_s=1.0, iteration=1))
+    first.observe_progress(progress("j2", iteration_s=0.25, iteration=1, model="b"))
+    first.observe_progress(progress("j1", iteration_s=3.0, iteration=2, co_runners=("j2",)))
+    first.observe_completion("a", 300)
+    second = predictor(weight=0.5)
+
+    taken = second.restore(first.learned())
+
+    assert taken == 4  # two solo ratios, one pair, one model's iterations
+    assert second.learned() == first.learned()
+    for request in (
+        PredictRequest(model="a", batch_size=32),
+        PredictRequest(model="a", batch_size=32, partner="b", partner_batch_size=32),
+    ):
+        assert second.throughput(request) == first.throughput(request)
+    assert second.iterations(PredictRequest(model="a", batch_size=32)) == first.iterations(
+        PredictRequest(model="a", batch_size=32)
+    )
+
+
+def test_restoring_skips_entries_of_unknown_models_or_the_wrong_shape():
+    learned = Learned(
+        solo=[
+            LearnedRatio(["a", 32, 1], 2.0, 3),
+            LearnedRatio(["gpt-17", 32, 1], 2.0, 3),
+            LearnedRatio(["a", 32], 2.0, 3),
+            LearnedRatio(["a", "32", 1], 2.0, 3),
+            LearnedRatio(["b", 32, 1], -1.0, 3),
+        ],
+        completed=[LearnedIterations("a", 2, 500), LearnedIterations("nope", 1, 5)],
+    )
+    restored = predictor()
+
+    assert restored.restore(learned) == 2
+    assert restored.solo_factor("a", 32, 1) == 2.0
+    assert restored.solo_factor("b", 32, 1) == 1.0

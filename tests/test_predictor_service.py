@@ -10,6 +10,7 @@ import msgspec
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js.errors import KeyNotFoundError
 from nats.micro.request import ERROR_CODE_HEADER, ERROR_HEADER
 
 from libs.common import codec, subjects
@@ -32,6 +33,7 @@ from services.predictor.client import (
     PredictorUnavailable,
 )
 from services.predictor.config import PredictorConfig
+from services.predictor.model import Learned
 from services.predictor.service import SERVICE_NAME, PredictorService, settle
 
 TRUTH = ProfilePerformanceModel.builtin()
@@ -358,3 +360,53 @@ async def test_a_subscription_answers_from_another_connection_once_settled(
             await responder.subscribe(f"echo.{i}", cb=echo)
             await settle(responder)
             assert (await nc.request(f"echo.{i}", b"hi", timeout=2.0)).data == b"hi"
+
+
+async def test_what_was_learned_survives_a_restart_of_the_predictor(
+    nats_server: NatsServer, nc: Client, client: PredictorClient
+):
+    config = PredictorConfig(nats_url=nats_server.url, history_weight=0.5)
+    factor = 2 - 0.5**5
+    async with PredictorService(config) as first:
+        for iteration in range(1, 6):
+            await publish(nc, progress("job-1", iteration, 2 * TRUTH.iteration_time(
+                "resnet50", 64, 1, 1)))
+        await wait_until(
+            lambda: first.predictor.solo_factor("resnet50", 64, 1) == pytest.approx(factor)
+        )
+    async with PredictorService(config) as second:
+        assert second.predictor.solo_factor("resnet50", 64, 1) == pytest.approx(factor)
+        answer = await client.throughput(RESNET)
+    assert answer.source == "profile+history"
+
+
+async def test_learning_is_saved_while_the_predictor_runs(
+    nats_server: NatsServer, nc: Client, stores: Stores
+):
+    config = PredictorConfig(nats_url=nats_server.url, save_every_s=0.05)
+    bucket = await stores.predictor_bucket()
+
+    async def saved() -> Learned | None:
+        try:
+            entry = await bucket.get(subjects.PREDICTOR_LEARNED_KEY)
+        except KeyNotFoundError:
+            return None
+        return codec.decode(entry.value or b"", Learned)
+
+    async with PredictorService(config):
+        assert await saved() is None  # nothing learned, nothing written
+        await publish(nc, progress("job-2", 1, 0.5))
+        learned: Learned = await wait_until(saved, timeout_s=5)
+    assert [entry.key for entry in learned.solo] == [["resnet50", 64, 1]]
+    assert learned.solo[0].samples == 1
+
+
+async def test_an_unreadable_saved_state_is_ignored_and_the_profiles_answer(
+    nats_server: NatsServer, stores: Stores, client: PredictorClient
+):
+    bucket = await stores.predictor_bucket()
+    await bucket.put(subjects.PREDICTOR_LEARNED_KEY, b"\xc1 not messagepack")
+    async with PredictorService(PredictorConfig(nats_url=nats_server.url)) as service:
+        assert service.predictor.solo_factor("resnet50", 64, 1) == 1.0
+        answer = await client.throughput(RESNET)
+    assert answer.source == "profile"

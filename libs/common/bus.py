@@ -191,6 +191,13 @@ class Stores:
     async def node_names(self) -> list[str]:
         return await kv_keys(self.js, subjects.NODES_BUCKET)
 
+    async def predictor_bucket(self) -> KeyValue:
+        """The predictor's bucket, created on first use."""
+        return await _bucket(
+            self.js,
+            KeyValueConfig(bucket=subjects.PREDICTOR_BUCKET, history=1, storage=StorageType.FILE),
+        )
+
     @classmethod
     async def open(cls, nc: Client, lease_ttl_s: float = 3.0) -> Stores:
         js = nc.jetstream(timeout=5)

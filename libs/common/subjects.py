@@ -21,6 +21,9 @@ SCHEDULER_CONSUMER = "scheduler"
 JOBS_BUCKET = "gpusched_jobs"
 NODES_BUCKET = "gpusched_nodes"
 LEASE_BUCKET = "gpusched_lease"
+#: what the predictor has learned (key ``PREDICTOR_LEARNED_KEY``), kept across restarts
+PREDICTOR_BUCKET = "gpusched_predictor"
+PREDICTOR_LEARNED_KEY = "learned"
 SCHEDULER_LEASE_KEY = "scheduler"
 
 

@@ -24,6 +24,8 @@ class PredictorConfig:
     #: serve Prometheus metrics on this port (0: any free port; None: not at all)
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
+    #: how often what was learned is saved to KV when it changed (and always on stop)
+    save_every_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.nats_url, str) or not self.nats_url.startswith(NATS_SCHEMES):
@@ -50,12 +52,15 @@ class PredictorConfig:
             raise ValueError(f"metrics_port must be an integer in [0, 65535], got {port!r}")
         if not self.metrics_host:
             raise ValueError("metrics_host must not be empty")
+        every = self.save_every_s
+        if isinstance(every, bool) or not isinstance(every, int | float) or not every > 0:
+            raise ValueError(f"save_every_s must be a number > 0, got {every!r}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> PredictorConfig:
         """NATS_URL, GPUSCHED_DATA_DIR, GPUSCHED_PREDICTOR_HISTORY_WEIGHT,
-        GPUSCHED_PREDICTOR_METRICS_PORT and GPUSCHED_PREDICTOR_METRICS_HOST; unset or
-        empty variables keep the defaults."""
+        GPUSCHED_PREDICTOR_METRICS_PORT, GPUSCHED_PREDICTOR_METRICS_HOST and
+        GPUSCHED_PREDICTOR_SAVE_EVERY_S; unset or empty variables keep the defaults."""
         env = os.environ if environ is None else environ
 
         def get(name: str) -> str | None:
@@ -74,10 +79,12 @@ class PredictorConfig:
         data_dir = get("GPUSCHED_DATA_DIR")
         weight = number("GPUSCHED_PREDICTOR_HISTORY_WEIGHT", float)
         port = number("GPUSCHED_PREDICTOR_METRICS_PORT", int)
+        save_every = number("GPUSCHED_PREDICTOR_SAVE_EVERY_S", float)
         return cls(
             nats_url=get("NATS_URL") or DEFAULT_NATS_URL,
             data_dir=Path(data_dir) if data_dir else None,
             history_weight=DEFAULT_HISTORY_WEIGHT if weight is None else float(weight),
             metrics_port=None if port is None else int(port),
             metrics_host=get("GPUSCHED_PREDICTOR_METRICS_HOST") or "0.0.0.0",
+            save_every_s=5.0 if save_every is None else float(save_every),
         )

@@ -18,6 +18,10 @@ What it learns, and from what:
 
 A progress event whose job has not advanced an iteration since its previous event
 repeats an old measurement and teaches nothing.
+
+What is learned survives a restart: :meth:`BaselinePredictor.learned` exports it as a
+:class:`Learned` record (the service stores it in KV) and :meth:`BaselinePredictor.restore`
+takes it back.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TypeVar
+
+import msgspec
 
 from libs.common.schemas import JobProgressEvent, Prediction, PredictRequest
 from libs.core.groundtruth import SYNERGY_FAIR_CPUS, SYNERGY_FAIR_MEM_GB
@@ -38,6 +44,7 @@ __all__ = [
     "RATIO_BOUNDS",
     "BaselinePredictor",
     "InvalidRequest",
+    "Learned",
     "UnknownModelError",
 ]
 
@@ -85,6 +92,28 @@ class MovingAverage:
         self.samples += 1
 
 
+class LearnedRatio(msgspec.Struct, frozen=True, array_like=True):
+    #: (model, batch size, GPUs), and the partner's three for a pair
+    key: list[str | int]
+    value: float
+    samples: int
+
+
+class LearnedIterations(msgspec.Struct, frozen=True, array_like=True):
+    model: str
+    jobs: int
+    iterations: int
+
+
+class Learned(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the predictor has learned, as stored between restarts."""
+
+    version: int = 1
+    solo: list[LearnedRatio] = []
+    pairs: list[LearnedRatio] = []
+    completed: list[LearnedIterations] = []
+
+
 @dataclass(frozen=True, slots=True)
 class _LastProgress:
     run_id: int
@@ -117,6 +146,8 @@ class BaselinePredictor:
         #: model -> (completed jobs, their iterations summed)
         self._completed: dict[str, tuple[int, int]] = {}
         self._jobs: OrderedDict[str, _LastProgress] = OrderedDict()
+        #: bumped by every change to what is learned (to know when to save it)
+        self.changes = 0
 
     # ----------------------------------------------------------------- questions
 
@@ -213,6 +244,7 @@ class BaselinePredictor:
             self._average(self._solo, (event.model, event.batch_size, event.gpus)).add(
                 _clamp(measured_s / profiled_s)
             )
+            self.changes += 1
             return True
         if len(event.co_runners) != 1:
             return False  # the slowdown cannot be split between several partners
@@ -229,6 +261,7 @@ class BaselinePredictor:
             partner.model, partner.batch_size, partner.gpus,
         )
         self._average(self._pairs, key).add(_clamp(measured_s / exclusive_s / profiled_slowdown))
+        self.changes += 1
         return True
 
     def observe_completion(self, model: str, iterations: int) -> None:
@@ -239,7 +272,39 @@ class BaselinePredictor:
             raise ValueError(f"iterations must be an integer >= 1, got {iterations!r}")
         count, total = self._completed.get(model, (0, 0))
         self._completed[model] = (count + 1, total + iterations)
+        self.changes += 1
 
+    def learned(self) -> Learned:
+        """What has been learned so far, to store."""
+        return Learned(
+            solo=[LearnedRatio(list(k), a.value, a.samples) for k, a in self._solo.items()],
+            pairs=[LearnedRatio(list(k), a.value, a.samples) for k, a in self._pairs.items()],
+            completed=[
+                LearnedIterations(model, jobs, total)
+                for model, (jobs, total) in self._completed.items()
+            ],
+        )
+
+    def restore(self, learned: Learned) -> int:
+        """Take back what an earlier instance learned; entries of models this one has no
+        profile for, or of the wrong shape, are skipped. Returns how many were taken."""
+        known = set(self.performance.models())
+        taken = 0
+        for table, entries, size in ((self._solo, learned.solo, 3),
+                                     (self._pairs, learned.pairs, 6)):
+            for entry in entries:
+                key = tuple(entry.key)
+                if not _valid_key(key, size, known) or not entry.value > 0:
+                    continue
+                table[key] = MovingAverage(  # type: ignore[index]
+                    self.history_weight, _clamp(entry.value), max(0, entry.samples)
+                )
+                taken += 1
+        for done in learned.completed:
+            if done.model in known and done.jobs > 0 and done.iterations >= done.jobs:
+                self._completed[done.model] = (done.jobs, done.iterations)
+                taken += 1
+        return taken
     def forget_job(self, job_id: str) -> None:
         """Drop what is kept about a job that will report no more progress."""
         self._jobs.pop(job_id, None)
@@ -306,6 +371,18 @@ class BaselinePredictor:
         while len(self._jobs) > MAX_TRACKED_JOBS:
             self._jobs.popitem(last=False)
         return previous
+
+
+def _valid_key(key: tuple[str | int, ...], size: int, known: set[str]) -> bool:
+    if len(key) != size:
+        return False
+    for i in range(0, size, 3):
+        model, batch_size, gpus = key[i : i + 3]
+        if model not in known or not isinstance(batch_size, int) or not isinstance(gpus, int):
+            return False
+        if batch_size < 1 or gpus < 1:
+            return False
+    return True
 
 
 def _clamp(ratio: float) -> float:

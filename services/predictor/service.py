@@ -10,7 +10,9 @@ the reply uses the request's encoding. Errors carry the ``Nats-Service-Error`` a
 field), 404 for an unknown model, 500 for anything else.
 
 Every instance listens to all progress events (what it learns speeds from) and state
-events (a SUCCEEDED job's record gives its model's iteration count).
+events (a SUCCEEDED job's record gives its model's iteration count). What it learned is
+saved to the KV bucket ``gpusched_predictor`` every ``save_every_s`` while it changes and
+on stop, and read back at start, so a restarted predictor keeps its corrections.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.errors import KeyNotFoundError
+from nats.js.kv import KeyValue
 from nats.micro.request import Request, ServiceError
 from nats.micro.service import Service
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
@@ -49,7 +52,7 @@ from libs.common.schemas import (
 from libs.core.groundtruth import load_performance_model
 from libs.core.perf import UnknownModelError
 from services.predictor.config import PredictorConfig
-from services.predictor.model import BaselinePredictor
+from services.predictor.model import BaselinePredictor, Learned
 
 SERVICE_NAME = "gpusched-predictor"
 SERVICE_DESCRIPTION = (
@@ -144,6 +147,9 @@ class PredictorService:
         self._subscriptions: list[Subscription] = []
         self._http: web.AppRunner | None = None
         self._completed: OrderedDict[str, None] = OrderedDict()
+        self._learned_kv: KeyValue | None = None
+        self._saved_changes = 0
+        self._saver: asyncio.Task[None] | None = None
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -158,6 +164,8 @@ class PredictorService:
         self._nc = await connect(self.config.nats_url, SERVICE_NAME)
         try:
             self._stores = await Stores.open(self._nc)
+            self._learned_kv = await self._stores.predictor_bucket()
+            await self._restore_learned()
             self._service = await micro.add_service(
                 self._nc,
                 name=SERVICE_NAME,
@@ -180,6 +188,7 @@ class PredictorService:
             ]
             if self.config.metrics_port is not None:
                 await self._serve_metrics(self.config.metrics_host, self.config.metrics_port)
+            self._saver = asyncio.create_task(self._save_periodically(), name="predictor-save")
             await settle(self._nc)
         except BaseException:
             await self.stop()
@@ -193,6 +202,12 @@ class PredictorService:
         )
 
     async def stop(self) -> None:
+        if self._saver is not None:
+            self._saver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._saver
+            self._saver = None
+            await self._save_learned()
         if self._http is not None:
             await self._http.cleanup()
             self._http = None
@@ -326,6 +341,43 @@ class PredictorService:
         bound.debug(
             "learned iterations", model=record.spec.model, iterations=record.total_iterations
         )
+
+    # ----------------------------------------------------------------- persistence
+
+    async def _restore_learned(self) -> None:
+        assert self._learned_kv is not None
+        try:
+            entry = await self._learned_kv.get(subjects.PREDICTOR_LEARNED_KEY)
+        except KeyNotFoundError:
+            return
+        if not entry.value:
+            return
+        try:
+            learned = codec.decode(entry.value, Learned)
+        except msgspec.DecodeError as exc:
+            log.warning("stored learning unreadable; starting from the profiles", error=str(exc))
+            return
+        taken = self.predictor.restore(learned)
+        self._saved_changes = self.predictor.changes
+        log.info("restored what was learned", entries=taken)
+
+    async def _save_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.save_every_s)
+            await self._save_learned()
+
+    async def _save_learned(self) -> None:
+        changes = self.predictor.changes
+        if self._learned_kv is None or changes == self._saved_changes:
+            return
+        try:
+            await self._learned_kv.put(
+                subjects.PREDICTOR_LEARNED_KEY, codec.encode(self.predictor.learned())
+            )
+        except Exception as exc:  # NATS may be restarting: the next round tries again
+            log.warning("saving what was learned failed", error=str(exc))
+            return
+        self._saved_changes = changes
 
     # ----------------------------------------------------------------- metrics
 
