@@ -140,6 +140,9 @@ def process_group(parallel: DataParallel | None, device: str) -> Iterator[None]:
         return
     import torch.distributed as dist
 
+    if device.startswith("cuda"):
+        # NCCL's own buffers go to the current device: make it this rank's GPU
+        torch.cuda.set_device(torch.device(device))
     dist.init_process_group(
         "nccl" if device.startswith("cuda") else "gloo",
         init_method=parallel.init_method,
