@@ -11,6 +11,7 @@ policy asks ``remaining_s(now)`` for the value at decision time.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -89,6 +90,9 @@ class Snapshot:
     max_jobs_per_gpu: int = 2
     #: the queue sort ``pending`` follows; "arrival" is the order jobs (re)joined the queue
     queue_order: str = "arrival"
+    #: the same queued jobs in further orders the driver keeps, by ``QueueSort`` name (a
+    #: policy names the ones it can use in ``extra_sorts``); a driver may give none
+    orders: Mapping[str, tuple[JobView, ...]] = field(default_factory=dict, compare=False)
     _by_id: dict[str, JobView] = field(default_factory=dict, repr=False, compare=False)
 
     @property

@@ -154,6 +154,8 @@ class Simulator:
         self.jobs: dict[str, SimJob] = {}
         self.pending: dict[str, JobView] = {}
         self.queue = SortedQueue(getattr(policy, "queue_sort", None))
+        #: further orders of the queue the policy can use (see ``Snapshot.orders``)
+        self.extra_queues = [SortedQueue(sort) for sort in getattr(policy, "extra_sorts", ())]
         self.running: dict[str, JobView] = {}
         self.unschedulable: dict[str, str] = {}
         g = cluster.total_gpus
@@ -242,6 +244,8 @@ class Simulator:
     def _enqueue(self, view: JobView) -> None:
         self.pending[view.job_id] = view
         self.queue.add(view)
+        for queue in self.extra_queues:
+            queue.add(view)
 
     def _pending_view(self, job: SimJob) -> JobView:
         spec = job.spec
@@ -370,6 +374,7 @@ class Simulator:
             estimates=self.estimates,
             max_jobs_per_gpu=self.config.max_jobs_per_gpu,
             queue_order=self.queue.order,
+            orders={q.order: q.views(self.pending) for q in self.extra_queues},
         )
 
     def _decide(self, now: float) -> None:
@@ -431,7 +436,10 @@ class Simulator:
                     f"{name} overcommitted GPU {gpu}: {self.gpu_mem_used[gpu] + mem:.0f} MiB "
                     f"> {gpu_mem[gpu]} MiB"
                 )
-        self.queue.remove(self.pending.pop(spec.job_id))
+        view = self.pending.pop(spec.job_id)
+        self.queue.remove(view)
+        for queue in self.extra_queues:
+            queue.remove(view)
         job.state = "running"
         job.gpu_ids = start.gpu_ids
         job.accum = start.accum_steps

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,6 +22,9 @@ class QueueSort:
 
     A driver that knows a policy's queue sort keeps its queue in that order and says so
     in ``Snapshot.queue_order``, so the policy need not sort a long queue every round.
+    A policy may also name further fixed orders in an optional ``extra_sorts`` attribute;
+    a driver that keeps them passes them in ``Snapshot.orders`` (by name), and a policy
+    must decide the same without them.
     """
 
     name: str
@@ -48,6 +51,62 @@ def ordered_pending(snapshot: Snapshot, sort: QueueSort) -> Sequence[JobView]:
     if snapshot.queue_order == sort.name:
         return snapshot.pending
     return sorted(snapshot.pending, key=sort.key)
+
+
+class LazyReasons(Mapping[str, str]):
+    """Why pending jobs wait, written out only when someone asks.
+
+    ``explicit`` holds the reasons a policy worked out during its decision; every other
+    job of ``pending`` gets ``reason_of(job)`` (None: no reason of its own, the
+    decision's default applies). A simulator asks about few jobs and a live scheduler
+    about all of them, once per round, so a decision no longer formats a sentence for
+    every job in a long queue.
+    """
+
+    __slots__ = ("_by_id", "_explicit", "_pending", "_reason_of")
+
+    def __init__(
+        self,
+        explicit: dict[str, str],
+        pending: Sequence[JobView],
+        reason_of: Callable[[JobView], str | None],
+    ) -> None:
+        self._explicit = explicit
+        self._pending = pending
+        self._reason_of = reason_of
+        self._by_id: dict[str, JobView] | None = None
+
+    def _lookup(self, job_id: str) -> str | None:
+        found = self._explicit.get(job_id)
+        if found is not None:
+            return found
+        if self._by_id is None:
+            self._by_id = {j.job_id: j for j in self._pending}
+        job = self._by_id.get(job_id)
+        return None if job is None else self._reason_of(job)
+
+    def __getitem__(self, job_id: str) -> str:
+        found = self._lookup(job_id)
+        if found is None:
+            raise KeyError(job_id)
+        return found
+
+    def get(self, job_id: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        found = self._lookup(job_id)
+        return default if found is None else found
+
+    def __contains__(self, job_id: object) -> bool:
+        return isinstance(job_id, str) and self._lookup(job_id) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        seen = set(self._explicit)
+        yield from self._explicit
+        for job in self._pending:
+            if job.job_id not in seen and self._reason_of(job) is not None:
+                yield job.job_id
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def accum_choices(job: JobView) -> tuple[int, ...]:
@@ -81,6 +140,49 @@ def unschedulable_reason(job: JobView, snapshot: Snapshot) -> str | None:
     return None
 
 
+class ShapeCache:
+    """Per job shape (model, batch, GPUs), for one cluster and one performance model: why
+    the shape can never run (None if it can) and the accumulation it runs alone with.
+
+    Both depend only on the shape, so a policy that keeps one of these asks the
+    performance model once per shape instead of once per queued job and decision. It
+    forgets everything when a snapshot brings another cluster or model.
+    """
+
+    def __init__(self) -> None:
+        self._cluster: object = None
+        self._estimates: object = None
+        self._bad: dict[tuple[str, int, int], str | None] = {}
+        self._accum: dict[tuple[str, int, int], int] = {}
+
+    def _sync(self, snapshot: Snapshot) -> None:
+        if snapshot.cluster is not self._cluster or snapshot.estimates is not self._estimates:
+            self._cluster = snapshot.cluster
+            self._estimates = snapshot.estimates
+            self._bad.clear()
+            self._accum.clear()
+
+    def unschedulable(self, job: JobView, snapshot: Snapshot) -> str | None:
+        self._sync(snapshot)
+        key = (job.model, job.batch_size, job.gpus)
+        try:
+            return self._bad[key]
+        except KeyError:
+            bad = self._bad[key] = unschedulable_reason(job, snapshot)
+            return bad
+
+    def exclusive_accum(self, job: JobView, snapshot: Snapshot) -> int:
+        """Accumulation steps for an idle GPU of the smallest memory (1 if none fits)."""
+        self._sync(snapshot)
+        key = (job.model, job.batch_size, job.gpus)
+        try:
+            return self._accum[key]
+        except KeyError:
+            accum = exclusive_accum(job, snapshot, snapshot.cluster.min_gpu_mem_mb) or 1
+            self._accum[key] = accum
+            return accum
+
+
 def no_room_reason(job: JobView, free: FreeGpus) -> str:
     return (
         f"needs {job.gpus} GPU{'s' if job.gpus > 1 else ''}; {free.total} idle, "
@@ -92,11 +194,15 @@ def busy_reason(snapshot: Snapshot) -> str:
     return f"all {snapshot.cluster.total_gpus} GPUs are busy; waiting for a job to finish"
 
 
-def place_exclusive(job: JobView, free: FreeGpus, snapshot: Snapshot) -> Start | None:
+def place_exclusive(
+    job: JobView, free: FreeGpus, snapshot: Snapshot, shapes: ShapeCache | None = None
+) -> Start | None:
     if job.gpus > free.total:
         return None
-    gpu_mem = snapshot.cluster.min_gpu_mem_mb
-    accum = exclusive_accum(job, snapshot, gpu_mem) or 1
+    if shapes is not None:
+        accum = shapes.exclusive_accum(job, snapshot)
+    else:
+        accum = exclusive_accum(job, snapshot, snapshot.cluster.min_gpu_mem_mb) or 1
     gpus = free.take(job.gpus)
     if gpus is None:
         return None

@@ -3,19 +3,30 @@
 Both rank every job, running or queued, and hand GPUs out in rank order. A running job
 outside the winning set is preempted only when a higher-ranked queued job needs its
 GPUs, so lower-ranked jobs keep running while nobody is waiting for their GPUs.
+
+Speed: a decision walks the running jobs and the queue merged in rank order and stops
+as soon as the GPU budget is spent, because from there on every queued job loses and
+every running job not yet reached is a candidate victim. The queue arrives in rank order
+when the driver keeps it so (``QueueSort``): a queued job's SRTF rank never changes
+while it waits, and its Tiresias rank changes only when it is promoted. Reasons for the
+jobs the walk never reached are written only when asked for (``LazyReasons``).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
 
 from libs.core.decision import Decision, Preempt, Start
 from libs.core.placement import FreeGpus
 from libs.core.snapshot import JobView, Snapshot
 from services.scheduler.policies.base import (
+    LazyReasons,
     QueueSort,
+    ShapeCache,
     busy_reason,
     no_room_reason,
     place_exclusive,
@@ -25,54 +36,150 @@ from services.scheduler.policies.base import (
 RankKey = Callable[[JobView], tuple]
 
 
+def _gpus_of(job: JobView) -> int:
+    return job.gpus
+
+
+Ranked = tuple[tuple, JobView]
+
+
 def decide_by_rank(
-    snapshot: Snapshot, rank: RankKey, describe: Callable[[JobView], str]
+    snapshot: Snapshot,
+    running: list[Ranked],
+    pending: Iterable[Ranked],
+    describe: Callable[[JobView], str],
+    shapes: ShapeCache | None = None,
+    budget_cell: list[int] | None = None,
 ) -> Decision:
-    reasons: dict[str, str] = {}
-    candidates = [j for j in snapshot.running]
-    for job in snapshot.pending:
-        bad = unschedulable_reason(job, snapshot)
-        if bad:
-            reasons[job.job_id] = bad
-        else:
-            candidates.append(job)
-    candidates.sort(key=rank)
+    """Hand GPUs out in rank order; ``running`` and ``pending`` each come in ascending rank.
+
+    Ranks must be unique across both (they end in the job id). ``pending`` may be lazy:
+    it is read only until the budget of GPUs is spent, and a lazy ``pending`` may leave
+    out jobs larger than the budget it reads from ``budget_cell[0]`` (kept up to date
+    here before each job is asked for).
+    """
+    cell = budget_cell if budget_cell is not None else [0]
+    shapes = shapes or ShapeCache()
+    explicit: dict[str, str] = {}
     budget = snapshot.cluster.total_gpus
     winners: list[JobView] = []
     losers_running: list[JobView] = []
-    for job in candidates:
-        if job.gpus <= budget:
-            budget -= job.gpus
-            winners.append(job)
-        elif job.running:
-            losers_running.append(job)
-        else:
-            reasons[job.job_id] = (
-                f"{describe(job)}; higher-ranked jobs hold the GPUs it needs ({job.gpus})"
-            )
-    free = FreeGpus(snapshot)
-    node_of = snapshot.cluster.gpu_node
+    run_keys = [key for key, _ in running]
+    run_gpus = [held.gpus for _, held in running]
+    # until a queued job wins, every running job fits when together they hold at most
+    # the cluster (no GPU shared), so a stretch of them costs a sum rather than a walk
+    contested = sum(run_gpus) > budget
+    ri = 0
+    for key, job in pending:
+        hi = bisect_left(run_keys, key, ri)
+        if not contested:
+            budget -= sum(run_gpus[ri:hi])
+            ri = hi
+        while ri < hi:
+            held = running[ri][1]
+            ri += 1
+            if held.gpus <= budget:
+                budget -= held.gpus
+            else:
+                losers_running.append(held)
+        if budget <= 0:
+            break  # every job from here on loses: its reason is written when asked for
+        if job.gpus > budget:
+            cell[0] = budget
+            continue  # a rank loser (or unschedulable): reason written when asked for
+        bad = shapes.unschedulable(job, snapshot)
+        if bad:
+            explicit[job.job_id] = bad
+            continue
+        budget -= job.gpus
+        cell[0] = budget
+        winners.append(job)
+        contested = True
+    rest = sum(run_gpus[ri:])
+    if rest <= budget:
+        budget -= rest
+    else:
+        for _, held in running[ri:]:
+            if held.gpus <= budget:
+                budget -= held.gpus
+            else:
+                losers_running.append(held)
     starts: list[Start] = []
     preemptions: list[Preempt] = []
+    if winners:
+        _place_winners(
+            snapshot, winners, losers_running, describe, shapes, starts, preemptions, explicit
+        )
+    won = {job.job_id for job in winners}
+    bad_by_shape: dict[tuple[str, int, int], str | None] = {}
+
+    def reason_of(job: JobView) -> str | None:
+        if job.job_id in won:
+            return None
+        shape = (job.model, job.batch_size, job.gpus)
+        if shape not in bad_by_shape:
+            bad_by_shape[shape] = unschedulable_reason(job, snapshot)
+        bad = bad_by_shape[shape]
+        if bad:
+            return bad
+        return f"{describe(job)}; higher-ranked jobs hold the GPUs it needs ({job.gpus})"
+
+    return Decision(
+        starts=tuple(starts),
+        preemptions=tuple(preemptions),
+        reasons=LazyReasons(explicit, snapshot.pending, reason_of),
+        default_reason=busy_reason(snapshot),
+    )
+
+
+def _place_winners(
+    snapshot: Snapshot,
+    winners: list[JobView],
+    losers_running: list[JobView],
+    describe: Callable[[JobView], str],
+    shapes: ShapeCache,
+    starts: list[Start],
+    preemptions: list[Preempt],
+    explicit: dict[str, str],
+) -> None:
+    """Place the queued winners in rank order, evicting the lowest-ranked losers as needed."""
+    free = FreeGpus(snapshot)
+    node_of = snapshot.cluster.gpu_node
     for job in winners:
-        if job.running:
-            continue
-        start = place_exclusive(job, free, snapshot)
+        start = place_exclusive(job, free, snapshot, shapes)
         while start is None and losers_running:
             victim = losers_running.pop()  # lowest rank goes first
             preemptions.append(Preempt(victim.job_id, f"preempted for {job.job_id}"))
             free.give_back(victim.gpu_ids, node_of)
-            start = place_exclusive(job, free, snapshot)
+            start = place_exclusive(job, free, snapshot, shapes)
         if start is None:
-            reasons[job.job_id] = f"{describe(job)}; {no_room_reason(job, free)}"
+            explicit[job.job_id] = f"{describe(job)}; {no_room_reason(job, free)}"
         else:
             starts.append(start)
-    return Decision(
-        starts=tuple(starts),
-        preemptions=tuple(preemptions),
-        reasons=reasons,
-        default_reason=busy_reason(snapshot),
-    )
+
+
+def pending_remaining(job: JobView) -> float:
+    """A queued job's oracle remaining time: it does not change while the job waits."""
+    return job.oracle_remaining_at(job.as_of)
+
+
+def srtf_running_remaining(job: JobView, now: float) -> float:
+    """``job.oracle_remaining_at(now)``, inlined: it is computed for every running job at
+    every decision."""
+    oracle, est = job.oracle_remaining_s, job.est_remaining_s
+    elapsed = now - job.as_of
+    if oracle is None or est <= 0:
+        left = est - elapsed * job.progress_rate
+    else:
+        left = oracle * (1 - elapsed * job.progress_rate / est)
+    return left if left > 0.0 else 0.0
+
+
+def srtf_key(job: JobView) -> tuple[float, float, str]:
+    return (pending_remaining(job), job.submit_time, job.job_id)
+
+
+SRTF_ORDER = QueueSort("oracle-remaining", srtf_key)
 
 
 @dataclass(frozen=True)
@@ -81,18 +188,24 @@ class Srtf:
 
     name: str = "srtf"
     preemptive: bool = True
-    queue_sort: QueueSort | None = None
+    queue_sort: QueueSort | None = SRTF_ORDER
+    _shapes: ShapeCache = field(default_factory=ShapeCache, compare=False, repr=False)
 
     def decide(self, snapshot: Snapshot) -> Decision:
         now = snapshot.now
-
-        def rank(job: JobView) -> tuple:
-            return (job.oracle_remaining_at(now), job.submit_time, job.job_id)
+        running = [
+            ((srtf_running_remaining(j, now), j.submit_time, j.job_id), j) for j in snapshot.running
+        ]
+        running.sort()
+        pending: Iterable[Ranked] = ((srtf_key(j), j) for j in snapshot.pending)
+        if snapshot.queue_order != SRTF_ORDER.name:
+            pending = sorted(pending)
+        # else already in rank order: keys are made only for the jobs the walk reaches
 
         def describe(job: JobView) -> str:
             return f"{job.oracle_remaining_at(now):.0f} s of work left"
 
-        return decide_by_rank(snapshot, rank, describe)
+        return decide_by_rank(snapshot, running, pending, describe, self._shapes)
 
 
 @dataclass(frozen=True)
@@ -110,22 +223,55 @@ class Tiresias:
     min_wait_s: float = 3_600.0
     name: str = "tiresias"
     preemptive: bool = True
-    queue_sort: QueueSort | None = None
+    _shapes: ShapeCache = field(default_factory=ShapeCache, compare=False, repr=False)
+    _base_sort: QueueSort = field(init=False, compare=False, repr=False)
+    _promote_sort: QueueSort = field(init=False, compare=False, repr=False)
+    _size_sort: QueueSort = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if list(self.thresholds_gpu_s) != sorted(self.thresholds_gpu_s):
             raise ValueError("tiresias thresholds must be ascending")
         if self.promote_knob <= 0:
             raise ValueError("tiresias promote_knob must be > 0")
+        thresholds = self.thresholds_gpu_s
+
+        def base_key(job: JobView) -> tuple[int, float, str]:
+            return (bisect_right(thresholds, job.attained_gpu_s), job.submit_time, job.job_id)
+
+        def promote_key(job: JobView) -> tuple[float, float, str]:
+            return (self._promote_value(job), job.submit_time, job.job_id)
+
+        def size_key(job: JobView) -> tuple[int, int, float, str]:
+            return (job.gpus, *base_key(job))
+
+        object.__setattr__(self, "_base_sort", QueueSort(f"tiresias-base{thresholds}", base_key))
+        object.__setattr__(self, "_size_sort", QueueSort(f"tiresias-size{thresholds}", size_key))
+        object.__setattr__(
+            self,
+            "_promote_sort",
+            QueueSort(f"tiresias-promote{(self.min_wait_s, self.promote_knob)}", promote_key),
+        )
+
+    @property
+    def queue_sort(self) -> QueueSort:
+        """Queued jobs by their queue before promotion, then FIFO: a fixed order, since
+        a waiting job's attained service does not grow; promotions are merged in."""
+        return self._base_sort
+
+    @property
+    def extra_sorts(self) -> tuple[QueueSort, ...]:
+        """Queued jobs by when they are promoted (never, for jobs not yet run), and by
+        size then base queue: with them a decision finds the promoted jobs and its next
+        wake-up without a scan, and reads only queued jobs that still fit the GPUs left."""
+        return (self._promote_sort, self._size_sort)
+
+    def _promote_value(self, job: JobView) -> float:
+        return self._promote_at(job) if job.attained_gpu_s > 0 else math.inf
 
     def queue_of(self, job: JobView, now: float) -> int:
         if not job.running and self._starving(job, now):
             return 0
-        attained = job.attained_at(now)
-        for index, limit in enumerate(self.thresholds_gpu_s):
-            if attained < limit:
-                return index
-        return len(self.thresholds_gpu_s)
+        return bisect_right(self.thresholds_gpu_s, job.attained_at(now))
 
     def _promote_at(self, job: JobView) -> float:
         executed = job.attained_gpu_s / job.gpus
@@ -136,30 +282,135 @@ class Tiresias:
 
     def decide(self, snapshot: Snapshot) -> Decision:
         now = snapshot.now
-
-        def rank(job: JobView) -> tuple:
-            return (self.queue_of(job, now), job.submit_time, job.job_id)
+        thresholds = self.thresholds_gpu_s
+        min_wait, knob = self.min_wait_s, self.promote_knob
+        wake = math.inf
+        running: list[Ranked] = []
+        levels = len(thresholds)
+        for j in snapshot.running:
+            attained = j.attained_gpu_s + (now - j.as_of) * j.gpus
+            q = bisect_right(thresholds, attained)
+            running.append(((q, j.submit_time, j.job_id), j))
+            if q < levels:  # when it next drops a queue
+                drop = now + (thresholds[q] - attained) / j.gpus
+                if drop < wake:
+                    wake = drop
+        running.sort()
+        by_promotion = snapshot.orders.get(self._promote_sort.name)
+        if snapshot.queue_order == self._base_sort.name and by_promotion is not None:
+            return self._decide_in_order(snapshot, running, by_promotion, wake)
+        pending: list[Ranked] = []
+        for j in snapshot.pending:
+            attained = j.attained_gpu_s
+            q = bisect_right(thresholds, attained)
+            if attained > 0:
+                promote_at = j.queued_since + max(min_wait, knob * attained / j.gpus)
+                if now >= promote_at:
+                    q = 0
+                else:
+                    wake = min(wake, promote_at)
+            pending.append(((q, j.submit_time, j.job_id), j))
+        pending.sort()  # nearly sorted when the driver keeps the queue_sort order
 
         def describe(job: JobView) -> str:
             return f"priority queue {self.queue_of(job, now)}"
 
-        decision = decide_by_rank(snapshot, rank, describe)
-        wake = self._next_change(snapshot)
-        return decision if wake is None else replace(decision, wake_at=wake)
+        decision = decide_by_rank(snapshot, running, pending, describe, self._shapes)
+        if not snapshot.pending or wake == math.inf:
+            return decision  # queue changes matter only when someone is waiting
+        return replace(decision, wake_at=wake)
 
-    def _next_change(self, snapshot: Snapshot) -> float | None:
-        """When some job next changes queue: a runner crossing a threshold, a waiter promoted."""
-        if not snapshot.pending:
-            return None  # queue changes matter only when someone is waiting
+    def _decide_in_order(
+        self,
+        snapshot: Snapshot,
+        running: list[Ranked],
+        by_promotion: tuple[JobView, ...],
+        wake: float,
+    ) -> Decision:
+        """The queue comes in base-queue order and in promotion order: the promoted jobs
+        are a prefix of the second, the next promotion is the job after it, and the walk
+        reads the first only as far as the GPUs last."""
         now = snapshot.now
-        wake = math.inf
-        for job in snapshot.running:
-            attained = job.attained_at(now)
-            for limit in self.thresholds_gpu_s:
-                if attained < limit:
-                    wake = min(wake, now + (limit - attained) / job.gpus)
-                    break
-        for job in snapshot.pending:
-            if job.attained_gpu_s > 0 and not self._starving(job, now):
-                wake = min(wake, self._promote_at(job))
-        return wake if wake < math.inf else None
+        thresholds = self.thresholds_gpu_s
+        cut = bisect_right(by_promotion, now, key=self._promote_value)
+        if cut < len(by_promotion):
+            wake = min(wake, self._promote_value(by_promotion[cut]))
+        # promoted from a lower queue (jobs of queue 0 are there already)
+        first = thresholds[0] if thresholds else math.inf
+        promoted = sorted(
+            ((0, j.submit_time, j.job_id), j)
+            for j in by_promotion[:cut]
+            if j.attained_gpu_s >= first
+        )
+        lifted = {j.job_id for _, j in promoted}
+
+        budget = [snapshot.cluster.total_gpus]
+        by_size = snapshot.orders.get(self._size_sort.name)
+
+        def in_rank_order() -> Iterator[Ranked]:
+            pi = 0
+            for j in snapshot.pending:
+                q = bisect_right(thresholds, j.attained_gpu_s)
+                if q and j.job_id in lifted:
+                    continue
+                key = (q, j.submit_time, j.job_id)
+                while pi < len(promoted) and promoted[pi][0] < key:
+                    yield promoted[pi]
+                    pi += 1
+                yield key, j
+            yield from promoted[pi:]
+
+        def fitting_in_rank_order(queue: tuple[JobView, ...]) -> Iterator[Ranked]:
+            """The queue in rank order, leaving out jobs larger than the GPUs left: one
+            stream per job size (``queue`` is by size, then rank), merged, and a size is
+            dropped for good once the budget falls below it."""
+            heads: list[tuple[tuple, int, int, int]] = []  # (key, size, position, end)
+            start = 0
+            while start < len(queue):
+                size = queue[start].gpus
+                end = bisect_right(queue, size, lo=start, key=_gpus_of)
+                _push_head(heads, queue, start, end, size)
+                start = end
+            heapq.heapify(heads)
+            merged = list(promoted)
+            merged.reverse()  # pop() gives the next promoted job
+            while heads or merged:
+                if heads and (not merged or heads[0][0] < merged[-1][0]):
+                    key, size, pos, end = heapq.heappop(heads)
+                    if size > budget[0]:
+                        continue  # nothing of this size can win any more
+                    yield key, queue[pos]
+                    _push_head(heads, queue, pos + 1, end, size, heap=True)
+                else:
+                    yield merged.pop()
+
+        def _push_head(
+            heads: list[tuple[tuple, int, int, int]],
+            queue: tuple[JobView, ...],
+            pos: int,
+            end: int,
+            size: int,
+            heap: bool = False,
+        ) -> None:
+            while pos < end:
+                j = queue[pos]
+                q = bisect_right(thresholds, j.attained_gpu_s)
+                if not (q and j.job_id in lifted):
+                    item = ((q, j.submit_time, j.job_id), size, pos, end)
+                    if heap:
+                        heapq.heappush(heads, item)
+                    else:
+                        heads.append(item)
+                    return
+                pos += 1
+
+        def describe(job: JobView) -> str:
+            return f"priority queue {self.queue_of(job, now)}"
+
+        stream = in_rank_order() if by_size is None else fitting_in_rank_order(by_size)
+        decision = decide_by_rank(
+            snapshot, running, stream, describe, self._shapes, budget_cell=budget
+        )
+        if not snapshot.pending or wake == math.inf:
+            return decision
+        return replace(decision, wake_at=wake)

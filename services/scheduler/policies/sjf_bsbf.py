@@ -14,6 +14,10 @@ of E_b for which sharing pays is at most two intervals, so the best slot in a gr
 alike residents is found by bisection instead of a scan. When sharing does not pay yet
 but will once a resident's remaining time shrinks below ``x_a E_a / x_b``, the decision
 asks to be woken at that moment instead of being polled.
+
+Speed: a job is paired only with the groups of residents whose lower bound on t_con can
+still beat the best slot found (see ``SjfBsbf._search``), and a queued job that found no
+partner is not searched again while no shareable slot is new (``SlotIndex``).
 """
 
 from __future__ import annotations
@@ -29,16 +33,20 @@ from libs.core.placement import FreeGpus
 from libs.core.snapshot import JobView, Snapshot
 from services.scheduler.policies.base import (
     QueueSort,
+    ShapeCache,
     accum_choices,
     busy_reason,
     ordered_pending,
     place_exclusive,
-    unschedulable_reason,
 )
 from services.scheduler.policies.simple import SJF_ORDER
 
 #: a wake-up lands this much after the benefit test flips, so the test passes then
 WAKE_MARGIN_S = 1e-3
+#: a group's lower bound on t_con, (E_a + E_b) / 2, a hair lower so rounding never puts
+#: it above a t_con computed by the other formula
+_BOUND_SCALE = 0.5 * (1 - 1e-12)
+_TIGHT_SCALE = 1 - 1e-12
 
 
 def t_sequential(e_a: float, e_b: float) -> float:
@@ -101,27 +109,68 @@ class SlotGroup:
 
 
 def build_groups(snapshot: Snapshot) -> list[SlotGroup]:
-    groups: dict[tuple, SlotGroup] = {}
-    now = snapshot.now
-    load = snapshot.gpu_load
-    gpu_mem = snapshot.cluster.gpu_mem_mb
-    for job in snapshot.running:
-        if not job.allow_sharing:
-            continue
-        e_b = job.remaining_s(now)
-        for gpu in job.gpu_ids:
-            if load[gpu] != 1:
+    return SlotIndex().build(snapshot)
+
+
+class SlotIndex:
+    """Builds a decision's slot groups and tells whether any slot is new.
+
+    ``epoch`` grows whenever a decision's shareable slots (GPU, resident view, memory in
+    use) are not all among the previous decision's. While it stands still, slots have
+    only gone away, so a queued job that found no partner before finds none now either
+    (its resident partners only progress, and a resident entering a benefit window is
+    announced by a wake-up time). A driver that rebuilds its views every round (the live
+    scheduler) simply gets a new epoch every round.
+    """
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self._slots: dict[int, tuple[JobView, float]] = {}
+        self._cluster: object = None
+        self._estimates: object = None
+
+    def build(self, snapshot: Snapshot) -> list[SlotGroup]:
+        groups: dict[tuple, SlotGroup] = {}
+        now = snapshot.now
+        load = snapshot.gpu_load
+        mem_used = snapshot.gpu_mem_used
+        gpu_mem = snapshot.cluster.gpu_mem_mb
+        old = self._slots
+        slots: dict[int, tuple[JobView, float]] = {}
+        fresh = snapshot.cluster is not self._cluster or snapshot.estimates is not self._estimates
+        for job in snapshot.running:
+            if not job.allow_sharing:
                 continue
-            key = (job.model, job.batch_size, job.gpus, job.accum_steps, gpu_mem[gpu])
-            group = groups.get(key)
-            if group is None:
-                group = groups[key] = SlotGroup(key, job, snapshot.gpu_mem_used[gpu], gpu_mem[gpu])
-            group.slots.append((e_b, gpu, job))
-    ordered = [groups[k] for k in sorted(groups, key=repr)]
-    for group in ordered:
-        group.slots.sort(key=lambda s: (s[0], s[1]))
-        group.remaining = [s[0] for s in group.slots]
-    return ordered
+            e_b = job.est_remaining_s - (now - job.as_of) * job.progress_rate
+            if e_b < 0.0:
+                e_b = 0.0
+            for gpu in job.gpu_ids:
+                if load[gpu] != 1:
+                    continue
+                used = mem_used[gpu]
+                slots[gpu] = (job, used)
+                if not fresh:
+                    before = old.get(gpu)
+                    fresh = before is None or before[0] is not job or before[1] != used
+                key = (job.model, job.batch_size, job.gpus, job.accum_steps, gpu_mem[gpu])
+                group = groups.get(key)
+                if group is None:
+                    group = groups[key] = SlotGroup(key, job, used, gpu_mem[gpu])
+                group.slots.append((e_b, gpu, job))
+        if fresh:
+            self.epoch += 1
+        self._slots = slots
+        self._cluster = snapshot.cluster
+        self._estimates = snapshot.estimates
+        ordered = [groups[k] for k in sorted(groups, key=repr)]
+        for group in ordered:
+            group.slots.sort(key=_slot_order)
+            group.remaining = [slot[0] for slot in group.slots]
+        return ordered
+
+
+def _slot_order(slot: tuple[float, int, JobView]) -> tuple[float, int]:
+    return (slot[0], slot[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,10 +179,6 @@ class Terms:
     x_a: float
     x_b: float
     stretch: float
-
-
-def _dominates(a: Terms, b: Terms) -> bool:
-    return a.x_a <= b.x_a and a.x_b <= b.x_b and a.stretch <= b.stretch and a != b
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,24 +198,16 @@ class Pairing:
 
     @classmethod
     def of(cls, accum: int, terms: Terms) -> Pairing:
-        unit = BenefitWindow.of(1.0, terms.stretch, terms.x_a, terms.x_b)
-        return cls(
-            accum,
-            terms.x_a,
-            terms.x_b,
-            terms.stretch,
-            unit.low1,
-            unit.high1,
-            unit.low2,
-            unit.low1 < unit.high1 < unit.low2,
-        )
+        return cls.make(accum, terms.x_a, terms.x_b, terms.stretch)
+
+    @classmethod
+    def make(cls, accum: int, x_a: float, x_b: float, stretch: float) -> Pairing:
+        unit = BenefitWindow.of(1.0, stretch, x_a, x_b)
+        low1, high1, low2 = unit.low1, unit.high1, unit.low2
+        return cls(accum, x_a, x_b, stretch, low1, high1, low2, low1 < high1 < low2)
 
     def window(self, e_alone: float) -> BenefitWindow:
         return BenefitWindow(e_alone * self.c_low1, e_alone * self.c_high1, e_alone * self.c_low2)
-
-
-#: a pairing placed against one slot group of this decision (by index)
-Entry = tuple[int, Pairing]
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,8 +228,13 @@ class SjfBsbf:
     #: most queued jobs examined for sharing in one decision (the rest wait a round), so
     #: a decision over a long queue stays bounded, as Slurm's bf_max_job_test does
     share_lookahead: int = 256
-    _memo: dict[tuple, Terms] = field(default_factory=dict, compare=False, repr=False)
     _pairings: dict[tuple, tuple[Pairing, ...]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    _shapes: ShapeCache = field(default_factory=ShapeCache, compare=False, repr=False)
+    _slots: SlotIndex = field(default_factory=SlotIndex, compare=False, repr=False)
+    #: job id -> (its view, slot epoch, wake-up, why) for queued jobs that found no partner
+    _no_share: dict[str, tuple[JobView, int, float, str]] = field(
         default_factory=dict, compare=False, repr=False
     )
 
@@ -200,33 +242,41 @@ class SjfBsbf:
         pending = snapshot.pending
         if not pending:
             return Decision(default_reason=busy_reason(snapshot))
+        shapes = self._shapes
         free = FreeGpus(snapshot)
         groups: list[SlotGroup] | None = None
-        entry_cache: dict[tuple[str, int, int], list[Entry]] = {}
         open_slots = 0
         examined = 0
         starts: list[Start] = []
         reasons: dict[str, str] = {}
         wake = math.inf
         lookahead_hit = False
+        now = snapshot.now
+        no_share = self._no_share
+        if len(no_share) > 2 * len(pending) + 1024:
+            queued = {j.job_id for j in pending}
+            for job_id in [k for k in no_share if k not in queued]:
+                del no_share[job_id]
+        epoch = -1
         for job in ordered_pending(snapshot, SJF_ORDER):
             if free.total >= job.gpus:
-                bad = unschedulable_reason(job, snapshot)
-                start = None if bad else place_exclusive(job, free, snapshot)
+                bad = shapes.unschedulable(job, snapshot)
+                start = None if bad else place_exclusive(job, free, snapshot, shapes)
                 if start is not None:
                     starts.append(start)
                 else:
                     reasons[job.job_id] = bad or f"needs {job.gpus} GPUs"
                 continue
             if groups is None:
-                groups = build_groups(snapshot)
+                groups = self._slots.build(snapshot)
+                epoch = self._slots.epoch
                 open_slots = sum(len(g.slots) for g in groups)
             if free.total == 0 and open_slots == 0:
                 break
             if examined >= self.share_lookahead:
                 lookahead_hit = True
                 break
-            bad = unschedulable_reason(job, snapshot)
+            bad = shapes.unschedulable(job, snapshot)
             if bad:
                 reasons[job.job_id] = bad
                 continue
@@ -235,13 +285,21 @@ class SjfBsbf:
                     f"needs {job.gpus} idle GPUs, {free.total} idle; it does not allow sharing"
                 )
                 continue
-            shape = (job.model, job.batch_size, job.gpus)
-            entries = entry_cache.get(shape)
-            if entries is None:
-                entries = entry_cache[shape] = self._entries(job, groups, snapshot)
             examined += 1
-            choice, job_wake, why = self._best_share(job, groups, entries, snapshot.now)
+            known = no_share.get(job.job_id)
+            if (
+                known is not None
+                and known[0] is job
+                and known[1] == epoch
+                and now < known[2] - 2 * WAKE_MARGIN_S
+            ):
+                # no slot is new since this job last found no partner: it still finds none
+                wake = min(wake, known[2])
+                reasons[job.job_id] = f"needs {job.gpus} GPUs, {free.total} idle; {known[3]}"
+                continue
+            choice, job_wake, why = self._search(job, groups, snapshot)
             if choice is None:
+                no_share[job.job_id] = (job, epoch, job_wake, why)
                 wake = min(wake, job_wake)
                 reasons[job.job_id] = f"needs {job.gpus} GPUs, {free.total} idle; {why}"
                 continue
@@ -262,63 +320,79 @@ class SjfBsbf:
             wake_at=wake if wake < math.inf else None,
         )
 
-    def _terms(self, job: JobView, group: SlotGroup, accum: int, snapshot: Snapshot) -> Terms:
-        b = group.resident
-        key = (
-            job.model,
-            job.batch_size,
-            job.gpus,
-            accum,
-            b.model,
-            b.batch_size,
-            b.gpus,
-            b.accum_steps,
-            group.mem_used_mb,
-            group.gpu_mem_mb,
-        )
-        terms = self._memo.get(key)
-        if terms is None:
-            terms = self._memo[key] = compute_terms(job, b, accum, group, snapshot)
-        return terms
+    def _group_pairings(
+        self, job: JobView, group: SlotGroup, snapshot: Snapshot
+    ) -> tuple[Pairing, ...]:
+        key = ((job.model, job.batch_size, job.gpus), group.key)
+        pairings = self._pairings.get(key)
+        if pairings is None:
+            pairings = self._pairings[key] = pair(job, group, snapshot)
+        return pairings
 
-    def _entries(self, job: JobView, groups: list[SlotGroup], snapshot: Snapshot) -> list[Entry]:
-        """Every (group, accumulation) pairing worth trying for jobs shaped like ``job``."""
-        shape = (job.model, job.batch_size, job.gpus)
-        entries: list[Entry] = []
-        for gi, group in enumerate(groups):
-            pairings = self._pairings.get((shape, group.key))
-            if pairings is None:
-                pairings = self._pair(job, group, snapshot)
-                self._pairings[(shape, group.key)] = pairings
-            entries.extend((gi, pairing) for pairing in pairings)
-        return entries
-
-    def _pair(self, job: JobView, group: SlotGroup, snapshot: Snapshot) -> tuple[Pairing, ...]:
-        options = [(self._terms(job, group, k, snapshot), k) for k in accum_choices(job)]
-        fitting = [(t, k) for t, k in options if t.fits]
-        return tuple(
-            Pairing.of(k, terms)
-            for terms, k in fitting
-            # a sub-batch that another beats on every count is never the best choice
-            if not any(_dominates(other, terms) for other, _ in fitting if other is not terms)
-        )
-
-    def _best_share(
-        self, job: JobView, groups: list[SlotGroup], entries: list[Entry], now: float
+    def _search(
+        self, job: JobView, groups: list[SlotGroup], snapshot: Snapshot
     ) -> tuple[Choice | None, float, str]:
-        if not entries:
+        """The sub-batch whose ``gpus``-th best paying slot has the smallest t_con.
+
+        Slots come off one heap in ascending t_con across every (group, sub-batch)
+        pairing; the first sub-batch to collect ``gpus`` slots wins, so the search stops
+        there instead of listing every candidate. A group enters the heap first as a
+        lower bound, ``(E_a + smallest E_b) / 2`` (every t_con is at least that, since
+        slowdowns and the accumulation stretch are >= 1), and its pairings are worked out
+        and searched only when that bound comes off the heap: groups that cannot beat the
+        winner are never paired with the job at all. Ties go to the earlier group,
+        pairing and slot, as a full scan would.
+        """
+        e_alone = max(job.remaining_s(snapshot.now), 1e-9)
+        gpus = job.gpus
+        retry = gpus > 1  # one GPU: a slot failing at a window edge rules out its pairing
+        shape = (job.model, job.batch_size, job.gpus)
+        known = self._pairings
+        heap: list[tuple[float, int, int, int, int]] = []
+        for gi, group in enumerate(groups):
+            rem = group.remaining
+            if not rem:
+                continue
+            pairings = known.get((shape, group.key))
+            if pairings is None:  # not paired yet: a bound that needs no pairing
+                bound = (e_alone + rem[0]) * _BOUND_SCALE
+            elif pairings:  # t_con grows with E_b: the smallest E_b bounds the group
+                e_b = rem[0]
+                bound = _TIGHT_SCALE * min(
+                    t_concurrent(e_alone * p.stretch, e_b, p.x_a, p.x_b) for p in pairings
+                )
+            else:
+                continue  # nothing of this job fits beside these residents
+            heap.append((bound, 0, gi, 0, 0))
+        heapq.heapify(heap)
+        expanded: dict[int, tuple[Pairing, ...]] = {}
+        picks: dict[int, list[tuple[float, int, int]]] = {}
+        while heap:
+            value, kind, gi, pi, si = heapq.heappop(heap)
+            if kind == 0:
+                pairings = expanded[gi] = self._group_pairings(job, groups[gi], snapshot)
+                rem = groups[gi].remaining
+                for pj, pairing in enumerate(pairings):
+                    found = self._next_pick(e_alone, rem, pairing, 0, retry)
+                    if found is not None:
+                        heapq.heappush(heap, (found[0], 1, gi, pj, found[1]))
+                continue
+            pairing = expanded[gi][pi]
+            chosen = picks.setdefault(pairing.accum, [])
+            chosen.append((value, gi, si))
+            if len(chosen) == gpus:
+                return Choice(score=value, accum=pairing.accum, picks=tuple(chosen)), math.inf, ""
+            found = self._next_pick(e_alone, groups[gi].remaining, pairing, si + 1, retry)
+            if found is not None:
+                heapq.heappush(heap, (found[0], 1, gi, pi, found[1]))
+        # no partner: every group has been paired by now (the heap held them all)
+        if not any(expanded.values()):
             return None, math.inf, "no GPU holding a single job has memory for it"
-        e_alone = max(job.remaining_s(now), 1e-9)
-        if job.gpus == 1:
-            best = self._best_single(e_alone, groups, entries)
-        else:
-            best = self._best_gang(job.gpus, e_alone, groups, entries)
-        if best is not None:
-            return best, math.inf, ""
         wake = math.inf
-        for gi, pairing in entries:
-            if pairing.gap:
-                wake = min(wake, _wake_time(groups[gi], pairing.window(e_alone), now))
+        for gi, pairings in expanded.items():
+            for pairing in pairings:
+                if pairing.gap:
+                    wake = min(wake, _wake_time(groups[gi], pairing.window(e_alone), snapshot.now))
         return None, wake, "sharing with the running jobs would not lower mean completion time yet"
 
     def _first_slot(self, e_alone: float, rem: list[float], entry: Pairing, start: int) -> int:
@@ -331,69 +405,18 @@ class SjfBsbf:
             return i
         return max(i, bisect_right(rem, e_alone * entry.c_low2))
 
-    def _best_single(
-        self, e_alone: float, groups: list[SlotGroup], entries: list[Entry]
-    ) -> Choice | None:
-        """One GPU wanted: per pairing only the smallest E_b that pays can be best."""
-        best_t = math.inf
-        best: tuple[float, int, int] | None = None
-        best_accum = 1
-        half = e_alone / 2
-        for gi, entry in entries:
-            rem = groups[gi].remaining
-            i = self._first_slot(e_alone, rem, entry, 0)
-            if i >= len(rem):
-                continue
-            e_b = rem[i]
-            t_con = t_concurrent(e_alone * entry.stretch, e_b, entry.x_a, entry.x_b)
-            if self.benefit_test and not t_con < e_b + half:
-                continue
-            if t_con < best_t:
-                best_t, best, best_accum = t_con, (t_con, gi, i), entry.accum
-        if best is None:
-            return None
-        return Choice(score=best_t, accum=best_accum, picks=(best,))
-
-    def _best_gang(
-        self, gpus: int, e_alone: float, groups: list[SlotGroup], entries: list[Entry]
-    ) -> Choice | None:
-        """Several GPUs wanted: the sub-batch whose ``gpus``-th best slot finishes soonest.
-
-        Slots come off one heap in ascending t_con across all pairings; the first
-        sub-batch to collect ``gpus`` slots has the smallest worst slot, so the search
-        stops there instead of listing every candidate.
-        """
-        heap = [
-            pick
-            for ei in range(len(entries))
-            if (pick := self._next_pick(e_alone, groups, entries, ei, 0)) is not None
-        ]
-        heapq.heapify(heap)
-        picks: dict[int, list[tuple[float, int, int]]] = {}
-        while heap:
-            t_con, ei, si = heapq.heappop(heap)
-            gi, entry = entries[ei]
-            chosen = picks.setdefault(entry.accum, [])
-            chosen.append((t_con, gi, si))
-            if len(chosen) == gpus:
-                return Choice(score=t_con, accum=entry.accum, picks=tuple(chosen))
-            following = self._next_pick(e_alone, groups, entries, ei, si + 1)
-            if following is not None:
-                heapq.heappush(heap, following)
-        return None
-
     def _next_pick(
-        self, e_alone: float, groups: list[SlotGroup], entries: list[Entry], ei: int, start: int
-    ) -> tuple[float, int, int] | None:
-        """(t_con, entry index, slot index) of the next slot that pays, from ``start``."""
-        gi, entry = entries[ei]
-        rem = groups[gi].remaining
+        self, e_alone: float, rem: list[float], entry: Pairing, start: int, retry: bool
+    ) -> tuple[float, int] | None:
+        """(t_con, slot index) of the next slot that pays, from ``start``."""
         i = self._first_slot(e_alone, rem, entry, start)
         while i < len(rem):
             e_b = rem[i]
             t_con = t_concurrent(e_alone * entry.stretch, e_b, entry.x_a, entry.x_b)
             if not self.benefit_test or t_con < t_sequential(e_alone, e_b):
-                return (t_con, ei, i)
+                return (t_con, i)
+            if not retry:
+                return None
             i = self._first_slot(e_alone, rem, entry, i + 1)  # rounding at a window edge
         return None
 
@@ -410,36 +433,46 @@ class SjfBsbf:
         return Start(job.job_id, tuple(sorted(gpus)), choice.accum, tuple(sorted(partners)))
 
 
-def compute_terms(
-    job: JobView, resident: JobView, accum: int, group: SlotGroup, snapshot: Snapshot
-) -> Terms:
+def pair(job: JobView, group: SlotGroup, snapshot: Snapshot) -> tuple[Pairing, ...]:
+    """Every sub-batch of ``job`` worth trying against ``group``'s kind of resident: those
+    that fit in memory beside it and that no other fitting sub-batch beats on every count
+    (slowdown of A, slowdown of B, and A's accumulation stretch)."""
     est = snapshot.estimates
-    mem_a = est.gpu_memory_mb(job.model, job.batch_size / (job.gpus * accum))
-    fits = mem_a + group.mem_used_mb <= group.gpu_mem_mb
-    x_a = est.colocation_slowdown(
-        job.model,
-        job.batch_size,
-        job.gpus,
-        accum,
-        resident.model,
-        resident.batch_size,
-        resident.gpus,
-        resident.accum_steps,
-    )
-    x_b = est.colocation_slowdown(
-        resident.model,
-        resident.batch_size,
-        resident.gpus,
-        resident.accum_steps,
-        job.model,
-        job.batch_size,
-        job.gpus,
-        accum,
-    )
-    nodes = -(-job.gpus // snapshot.cluster.max_gpus_per_node)
-    alone = est.iteration_time(job.model, job.batch_size, job.gpus, nodes, 1)
-    stretch = est.iteration_time(job.model, job.batch_size, job.gpus, nodes, accum) / alone
-    return Terms(fits=fits, x_a=x_a, x_b=x_b, stretch=stretch)
+    b = group.resident
+    model, batch, gpus = job.model, job.batch_size, job.gpus
+    used, capacity = group.mem_used_mb, group.gpu_mem_mb
+    nodes = -(-gpus // snapshot.cluster.max_gpus_per_node)
+    alone = 0.0
+    fitting: list[tuple[float, float, float, int]] = []
+    for k in accum_choices(job):
+        if not est.gpu_memory_mb(model, batch / (gpus * k)) + used <= capacity:
+            continue
+        if not alone:
+            alone = est.iteration_time(model, batch, gpus, nodes, 1)
+        x_a = est.colocation_slowdown(
+            model, batch, gpus, k, b.model, b.batch_size, b.gpus, b.accum_steps
+        )
+        x_b = est.colocation_slowdown(
+            b.model, b.batch_size, b.gpus, b.accum_steps, model, batch, gpus, k
+        )
+        stretch = est.iteration_time(model, batch, gpus, nodes, k) / alone
+        fitting.append((x_a, x_b, stretch, k))
+    kept: list[Pairing] = []
+    for i, (x_a, x_b, stretch, k) in enumerate(fitting):
+        dominated = False
+        for j, (o_a, o_b, o_s, _) in enumerate(fitting):
+            if (
+                j != i
+                and o_a <= x_a
+                and o_b <= x_b
+                and o_s <= stretch
+                and (o_a, o_b, o_s) != (x_a, x_b, stretch)
+            ):
+                dominated = True
+                break
+        if not dominated:
+            kept.append(Pairing.make(k, x_a, x_b, stretch))
+    return tuple(kept)
 
 
 def _wake_time(group: SlotGroup, window: BenefitWindow, now: float) -> float:

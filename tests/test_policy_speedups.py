@@ -1,0 +1,355 @@
+"""The speed mechanisms of the policies decide exactly as the plain algorithms do.
+
+- SRTF and Tiresias walk a queue the driver keeps in rank order and stop once the GPUs
+  are spent; a reference that ranks every job with a full sort gives the same decision.
+- SJF-BSBF pairs a job only with the groups of residents whose lower bound can still
+  win; expanding every group first gives the same decision.
+- SJF-BSBF remembers, across decisions, the queued jobs that found no partner; a fresh
+  policy at every decision gives the same simulation.
+- Reasons written on demand read as those written up front.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from libs.core.decision import Decision, Preempt, Start
+from libs.core.placement import FreeGpus
+from libs.core.snapshot import JobView, Snapshot
+from services.scheduler.policies import make_policy, sjf_bsbf
+from services.scheduler.policies.base import (
+    LazyReasons,
+    Policy,
+    QueueSort,
+    busy_reason,
+    no_room_reason,
+    place_exclusive,
+    unschedulable_reason,
+)
+from services.scheduler.policies.preemptive import Srtf, Tiresias
+from services.scheduler.policies.sjf_bsbf import SjfBsbf
+from services.scheduler.simulator import SimConfig, simulate
+from tests.builders import TablePerf, cluster, job, pending, running, snapshot
+
+PERF = TablePerf(
+    iter_s={"a": 1.0, "b": 0.5, "c": 2.0},
+    mem_mb={"a": 3000.0, "b": 6000.0, "c": 9000.0},
+    slowdown={("a", "b"): 1.2, ("b", "a"): 1.6, ("c", "c"): 2.5, ("a", "a"): 1.05},
+    spread_penalty=1.3,
+    accum_exponent=0.5,
+)
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# ---------------------------------------------------------------- reference ranking
+
+
+def reference_decide_by_rank(
+    snapshot: Snapshot, rank: Callable[[JobView], tuple], describe: Callable[[JobView], str]
+) -> Decision:
+    """The plain algorithm: rank every job with a full sort, walk all of them."""
+    reasons: dict[str, str] = {}
+    candidates = list(snapshot.running)
+    for j in snapshot.pending:
+        bad = unschedulable_reason(j, snapshot)
+        if bad:
+            reasons[j.job_id] = bad
+        else:
+            candidates.append(j)
+    candidates.sort(key=rank)
+    budget = snapshot.cluster.total_gpus
+    winners: list[JobView] = []
+    losers: list[JobView] = []
+    for j in candidates:
+        if j.gpus <= budget:
+            budget -= j.gpus
+            winners.append(j)
+        elif j.running:
+            losers.append(j)
+        else:
+            reasons[j.job_id] = (
+                f"{describe(j)}; higher-ranked jobs hold the GPUs it needs ({j.gpus})"
+            )
+    free = FreeGpus(snapshot)
+    starts: list[Start] = []
+    preemptions: list[Preempt] = []
+    for j in winners:
+        if j.running:
+            continue
+        start = place_exclusive(j, free, snapshot)
+        while start is None and losers:
+            victim = losers.pop()
+            preemptions.append(Preempt(victim.job_id, f"preempted for {j.job_id}"))
+            free.give_back(victim.gpu_ids, snapshot.cluster.gpu_node)
+            start = place_exclusive(j, free, snapshot)
+        if start is None:
+            reasons[j.job_id] = f"{describe(j)}; {no_room_reason(j, free)}"
+        else:
+            starts.append(start)
+    return Decision(
+        tuple(starts), tuple(preemptions), reasons=reasons, default_reason=busy_reason(snapshot)
+    )
+
+
+def reference(policy: Srtf | Tiresias, snap: Snapshot) -> Decision:
+    now = snap.now
+    if isinstance(policy, Srtf):
+        return reference_decide_by_rank(
+            snap,
+            lambda j: (j.oracle_remaining_at(now), j.submit_time, j.job_id),
+            lambda j: f"{j.oracle_remaining_at(now):.0f} s of work left",
+        )
+    return reference_decide_by_rank(
+        snap,
+        lambda j: (policy.queue_of(j, now), j.submit_time, j.job_id),
+        lambda j: f"priority queue {policy.queue_of(j, now)}",
+    )
+
+
+@st.composite
+def ranked_snapshots(draw: st.DrawFn) -> Snapshot:
+    """A cluster partly held by running jobs, a queue of fresh and preempted jobs."""
+    nodes = draw(st.integers(1, 3))
+    cl = cluster(nodes, 4, gpu_mem_mb=20_000)
+    total = cl.total_gpus
+    now = draw(st.floats(0, 20_000))
+    free = list(range(total))
+    held: list[JobView] = []
+    for i in range(draw(st.integers(0, 6))):
+        size = draw(st.sampled_from([1, 1, 2, 4]))
+        if size > len(free):
+            break
+        gpus = tuple(free[:size])
+        del free[:size]
+        view = running(
+            f"r{i}",
+            draw(st.floats(1, 50_000)),
+            gpus,
+            model=draw(st.sampled_from("abc")),
+            attained=draw(st.floats(0, 50_000)),
+            as_of=now - draw(st.floats(0, 5_000)),
+        )
+        held.append(replace(view, submit_time=draw(st.floats(0, 1_000))))
+    queue = []
+    for i in range(draw(st.integers(0, 10))):
+        attained = draw(st.sampled_from([0.0, 100.0, 5_000.0, 40_000.0]))
+        queue.append(
+            pending(
+                f"p{i}",
+                draw(st.floats(1, 50_000)),
+                gpus=draw(st.sampled_from([1, 1, 2, 3, 4, 8, 16])),
+                submit=draw(st.floats(0, 1_000)),
+                model=draw(st.sampled_from("abc")),
+                batch=draw(st.sampled_from([32, 64, 256])),
+                attained=attained,
+                queued_since=now - draw(st.floats(0, 400_000)),
+            )
+        )
+    return snapshot(cl, PERF, queue, held, now=now)
+
+
+def in_order(snap: Snapshot, policy: Srtf | Tiresias) -> Snapshot:
+    """The snapshot a driver that keeps the policy's queue orders would give."""
+    sort = policy.queue_sort
+    assert sort is not None
+    extra = getattr(policy, "extra_sorts", ())
+    return replace(
+        snap,
+        pending=tuple(sorted(snap.pending, key=sort.key)),
+        queue_order=sort.name,
+        orders={e.name: tuple(sorted(snap.pending, key=e.key)) for e in extra},
+    )
+
+
+def same_decision(got: Decision, want: Decision, snap: Snapshot) -> None:
+    assert got.starts == want.starts
+    assert got.preemptions == want.preemptions
+    for j in snap.pending:
+        if j.job_id not in {s.job_id for s in got.starts}:
+            assert got.why(j.job_id) == want.why(j.job_id), j.job_id
+
+
+@pytest.mark.parametrize(
+    "policy", [Srtf(), Tiresias(), Tiresias(thresholds_gpu_s=(50.0, 500.0, 5_000.0))]
+)
+@SETTINGS
+@given(snap=ranked_snapshots())
+def test_the_rank_walk_decides_as_a_full_sort_does(policy: Srtf | Tiresias, snap: Snapshot):
+    want = reference(policy, snap)
+    same_decision(policy.decide(snap), want, snap)  # queue in arrival order
+    same_decision(policy.decide(in_order(snap, policy)), want, snap)
+
+
+@dataclass
+class NoQueueSort:
+    """The policy without its queue sort: the simulator keeps the queue in arrival order."""
+
+    inner: Policy
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def preemptive(self) -> bool:
+        return self.inner.preemptive
+
+    queue_sort = None
+
+    def decide(self, snap: Snapshot) -> Decision:
+        return self.inner.decide(snap)
+
+
+@dataclass
+class FreshEachTime:
+    """A new policy object at every decision: nothing remembered between decisions."""
+
+    factory: Callable[[], Policy]
+
+    @property
+    def name(self) -> str:
+        return self.factory().name
+
+    @property
+    def preemptive(self) -> bool:
+        return self.factory().preemptive
+
+    @property
+    def queue_sort(self) -> QueueSort | None:
+        return self.factory().queue_sort
+
+    def decide(self, snap: Snapshot) -> Decision:
+        return self.factory().decide(snap)
+
+
+job_rows = st.lists(
+    st.tuples(
+        st.floats(min_value=0, max_value=500, allow_nan=False),
+        st.integers(min_value=1, max_value=300),
+        st.sampled_from([1, 1, 1, 2, 4]),
+        st.sampled_from(["a", "b", "c"]),
+        st.sampled_from([32, 64, 256]),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+def trace(rows) -> list:
+    return [
+        job(f"j{i}", submit, iters, gpus=gpus, model=model, batch=batch)
+        for i, (submit, iters, gpus, model, batch) in enumerate(rows)
+    ]
+
+
+def outcomes(policy: Policy, rows, nodes: int = 2) -> list[tuple]:
+    result = simulate(cluster(nodes, 4), trace(rows), policy, PERF, config=SimConfig(30.0))
+    return [(o.job_id, o.start_time, o.finish_time, o.preemptions, o.shared) for o in result.jobs]
+
+
+@pytest.mark.parametrize("name", ["srtf", "tiresias"])
+@SETTINGS
+@given(rows=job_rows)
+def test_a_queue_kept_in_rank_order_changes_no_outcome(name: str, rows):
+    assert outcomes(make_policy(name), rows) == outcomes(NoQueueSort(make_policy(name)), rows)
+
+
+@pytest.mark.parametrize("name", ["sjf-bsbf", "sjf-ffs"])
+@SETTINGS
+@given(rows=job_rows, nodes=st.integers(1, 2))
+def test_remembering_jobs_without_a_partner_changes_no_outcome(name: str, rows, nodes: int):
+    kept = outcomes(make_policy(name), rows, nodes)
+    assert kept == outcomes(FreshEachTime(lambda: make_policy(name)), rows, nodes)
+
+
+@st.composite
+def shared_snapshots(draw: st.DrawFn) -> Snapshot:
+    """Every GPU busy with one resident; a queue that can only share."""
+    nodes = draw(st.integers(1, 3))
+    cl = cluster(nodes, 4, gpu_mem_mb=20_000)
+    held = []
+    gpu = 0
+    i = 0
+    while gpu < cl.total_gpus:
+        size = min(draw(st.sampled_from([1, 1, 2])), cl.total_gpus - gpu)
+        held.append(
+            running(
+                f"r{i}",
+                draw(st.floats(1, 5_000)),
+                tuple(range(gpu, gpu + size)),
+                model=draw(st.sampled_from("abc")),
+                batch=draw(st.sampled_from([32, 64])),
+            )
+        )
+        gpu += size
+        i += 1
+    queue = [
+        pending(
+            f"p{k}",
+            draw(st.floats(1, 5_000)),
+            gpus=draw(st.sampled_from([1, 1, 2, 3])),
+            model=draw(st.sampled_from("abc")),
+            batch=draw(st.sampled_from([32, 64, 256])),
+        )
+        for k in range(draw(st.integers(1, 8)))
+    ]
+    return snapshot(cl, PERF, queue, held)
+
+
+@pytest.mark.parametrize("benefit_test", [True, False])
+@SETTINGS
+@given(snap=shared_snapshots())
+def test_pruning_groups_by_their_bound_picks_what_pairing_every_group_picks(
+    benefit_test: bool, snap: Snapshot
+):
+    pruned = SjfBsbf(benefit_test=benefit_test).decide(snap)
+    warm = SjfBsbf(benefit_test=benefit_test)
+    warm.decide(snap)  # pairings known: the tight bounds are used the second time
+    again = warm.decide(snap)
+    with zero_bounds():
+        full = SjfBsbf(benefit_test=benefit_test).decide(snap)
+    for got in (pruned, again):
+        assert got.starts == full.starts
+        assert got.wake_at == full.wake_at
+        for j in snap.pending:
+            assert got.why(j.job_id) == full.why(j.job_id)
+
+
+@contextmanager
+def zero_bounds() -> Iterator[None]:
+    """Bounds of zero: every group is paired before any slot is taken."""
+    saved = sjf_bsbf._BOUND_SCALE, sjf_bsbf._TIGHT_SCALE
+    sjf_bsbf._BOUND_SCALE = sjf_bsbf._TIGHT_SCALE = 0.0
+    try:
+        yield
+    finally:
+        sjf_bsbf._BOUND_SCALE, sjf_bsbf._TIGHT_SCALE = saved
+
+
+def test_lazy_reasons_read_like_a_dict():
+    jobs = (pending("a", 1), pending("b", 2), pending("c", 3))
+    asked: list[str] = []
+
+    def reason_of(view: JobView) -> str | None:
+        asked.append(view.job_id)
+        return None if view.job_id == "c" else f"late {view.job_id}"
+
+    reasons = LazyReasons({"a": "early a"}, jobs, reason_of)
+    assert asked == []  # nothing is written until asked for
+    assert reasons["a"] == "early a"
+    assert reasons.get("b") == "late b"
+    assert reasons.get("c", "default") == "default"
+    assert reasons.get("zzz") is None
+    assert "b" in reasons and "c" not in reasons
+    with pytest.raises(KeyError):
+        reasons["c"]
+    assert dict(reasons) == {"a": "early a", "b": "late b"}
+    assert len(reasons) == 2
+    decision = Decision(reasons=reasons, default_reason="busy")
+    assert decision.why("c") == "busy" and decision.why("b") == "late b"
