@@ -7,6 +7,9 @@
 - SJF-BSBF remembers, across decisions, the queued jobs that found no partner; a fresh
   policy at every decision gives the same simulation.
 - Reasons written on demand read as those written up front.
+- Later mechanisms (SJF-BSBF's short roads, trying remembered jobs against new slots
+  only, shared shape terms; Tiresias' running ranks kept across decisions): see the
+  section at the end.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from hypothesis import strategies as st
 from libs.core.decision import Decision, Preempt, Start
 from libs.core.placement import FreeGpus
 from libs.core.snapshot import JobView, Snapshot
-from services.scheduler.policies import make_policy, sjf_bsbf
+from services.scheduler.policies import make_policy, preemptive, sjf_bsbf
 from services.scheduler.policies.base import (
     LazyReasons,
     Policy,
@@ -248,8 +251,8 @@ def trace(rows) -> list:
     ]
 
 
-def outcomes(policy: Policy, rows, nodes: int = 2) -> list[tuple]:
-    result = simulate(cluster(nodes, 4), trace(rows), policy, PERF, config=SimConfig(30.0))
+def outcomes(policy: Policy, rows, nodes: int = 2, perf: TablePerf = PERF) -> list[tuple]:
+    result = simulate(cluster(nodes, 4), trace(rows), policy, perf, config=SimConfig(30.0))
     return [(o.job_id, o.start_time, o.finish_time, o.preemptions, o.shared) for o in result.jobs]
 
 
@@ -353,3 +356,222 @@ def test_lazy_reasons_read_like_a_dict():
     assert len(reasons) == 2
     decision = Decision(reasons=reasons, default_reason="busy")
     assert decision.why("c") == "busy" and decision.why("b") == "late b"
+
+
+# ---------------------------------------------------------------- later mechanisms
+#
+# - SJF-BSBF takes shorter roads than the heap search: a one-GPU job's choice is its
+#   single best slot, and a job needing more GPUs than there are open slots only has its
+#   wake-up worked out. A queued job that found no partner is tried again only against
+#   the slots born since (unless one of the old slots may have entered a benefit window).
+# - SJF-BSBF works out a job shape's sub-batch terms once and shares them across groups.
+# - Tiresias keeps its running jobs ranked across decisions.
+
+
+@contextmanager
+def flag(module: object, name: str, value: bool) -> Iterator[None]:
+    saved = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, saved)
+
+
+@dataclass(frozen=True)
+class AccumPerf(TablePerf):
+    """Slowdowns that fall as a job splits its batch into more sub-batches, so one job
+    shape has several sub-batches worth trying beside one resident."""
+
+    def colocation_slowdown(
+        self,
+        model: str,
+        batch_size: int,
+        gpus: int,
+        accum_steps: int,
+        partner: str,
+        partner_batch_size: int,
+        partner_gpus: int,
+        partner_accum_steps: int,
+    ) -> float:
+        base = self.slowdown.get((model, partner), self.default_slowdown)
+        own = {1: 1.0, 2: 0.7, 4: 0.55, 8: 0.5, 16: 0.5}[accum_steps]
+        other = {1: 1.0, 2: 0.95, 4: 0.9, 8: 0.9, 16: 0.9}[partner_accum_steps]
+        return max(1.0, base * own * (2 - other))
+
+
+PERF_ACCUM = AccumPerf(
+    iter_s=PERF.iter_s,
+    mem_mb=PERF.mem_mb,
+    slowdown={("a", "b"): 1.5, ("b", "a"): 1.9, ("c", "c"): 2.5, ("a", "a"): 1.3},
+    spread_penalty=1.3,
+    accum_exponent=0.1,
+)
+TIED = st.sampled_from([50.0, 100.0, 150.0, 200.0, 400.0, 800.0, 1600.0])
+RATES = st.sampled_from([0.25, 0.5, 1.0])
+
+
+@st.composite
+def tied_snapshots(draw: st.DrawFn) -> Snapshot:
+    """Every GPU busy with one resident; few distinct remaining times, so t_con ties."""
+    cl = cluster(draw(st.integers(1, 2)), 4, gpu_mem_mb=20_000)
+    held = [
+        replace(
+            running(
+                f"r{g}",
+                draw(TIED),
+                (g,),
+                model=draw(st.sampled_from("abc")),
+                batch=draw(st.sampled_from([32, 64])),
+            ),
+            progress_rate=draw(RATES),
+        )
+        for g in range(cl.total_gpus)
+    ]
+    queue = [
+        pending(
+            f"p{k}",
+            draw(TIED),
+            gpus=draw(st.sampled_from([1, 1, 1, 2])),
+            model=draw(st.sampled_from("abc")),
+            batch=draw(st.sampled_from([32, 64, 256])),
+        )
+        for k in range(draw(st.integers(1, 6)))
+    ]
+    return snapshot(cl, draw(st.sampled_from([PERF, PERF_ACCUM])), queue, held)
+
+
+@pytest.mark.parametrize("benefit_test", [True, False])
+@SETTINGS
+@given(snap=st.one_of(shared_snapshots(), tied_snapshots()))
+def test_the_short_roads_pick_what_the_heap_search_picks(benefit_test: bool, snap: Snapshot):
+    with flag(sjf_bsbf, "FAST_PATHS", False):
+        want = SjfBsbf(benefit_test=benefit_test).decide(snap)
+    fresh = SjfBsbf(benefit_test=benefit_test)
+    got = fresh.decide(snap)
+    again = fresh.decide(snap)  # pairings and no-partner memory known the second time
+    for decision in (got, again):
+        assert decision.starts == want.starts
+        assert decision.wake_at == want.wake_at
+        for j in snap.pending:
+            assert decision.why(j.job_id) == want.why(j.job_id)
+
+
+# residents that progress at different rates (accumulation, spread over nodes), so that
+# a resident other than the least loaded can be the first to enter a benefit window
+job_rows_varied = st.lists(
+    st.tuples(
+        st.floats(min_value=0, max_value=500, allow_nan=False),
+        st.integers(min_value=1, max_value=300),
+        st.sampled_from([1, 1, 1, 1, 2, 3, 4]),
+        st.sampled_from(["a", "b", "c"]),
+        st.sampled_from([8, 32, 64, 256]),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@pytest.mark.parametrize("name", ["sjf-bsbf", "sjf-ffs"])
+@SETTINGS
+@given(rows=job_rows_varied, nodes=st.integers(1, 3), accum=st.booleans())
+def test_searching_remembered_jobs_against_new_slots_only_changes_no_outcome(
+    name: str, rows, nodes: int, accum: bool
+):
+    perf = PERF_ACCUM if accum else PERF
+    got = outcomes(make_policy(name), rows, nodes, perf)
+    with flag(sjf_bsbf, "FAST_PATHS", False):
+        assert got == outcomes(make_policy(name), rows, nodes, perf)
+        assert got == outcomes(FreshEachTime(lambda: make_policy(name)), rows, nodes, perf)
+
+
+@SETTINGS
+@given(snap=shared_snapshots())
+def test_shape_terms_shared_across_groups_pair_as_plain_pairing_does(snap: Snapshot):
+    groups = sjf_bsbf.build_groups(snap)
+    terms: dict[tuple, sjf_bsbf.ShapeTerms] = {}
+    made: dict = {}
+    for j in snap.pending:
+        shape = (j.model, j.batch_size, j.gpus)
+        if shape not in terms:
+            terms[shape] = sjf_bsbf.shape_terms(j, snap)
+        for group in groups:
+            want = sjf_bsbf.pair(j, group, snap)
+            assert sjf_bsbf.pair(j, group, snap, terms[shape], made) == want
+
+
+@SETTINGS
+@given(rows=job_rows_varied, nodes=st.integers(1, 2))
+def test_running_jobs_ranked_across_decisions_change_no_outcome(rows, nodes: int):
+    # thresholds low enough that running jobs change queue while they run
+    def make() -> Tiresias:
+        return Tiresias(thresholds_gpu_s=(20.0, 90.0, 400.0), min_wait_s=30.0)
+
+    got = outcomes(make(), rows, nodes)
+    with flag(preemptive, "KEEP_RUNNING_RANKS", False):
+        assert got == outcomes(make(), rows, nodes)
+
+
+@st.composite
+def slot_sequences(draw: st.DrawFn) -> tuple[Snapshot, Snapshot]:
+    """Two decisions' snapshots over the same residents: in the second, time has passed
+    (residents progress at different rates) and one GPU has become a new slot."""
+    cl = cluster(draw(st.integers(1, 2)), 4, gpu_mem_mb=20_000)
+    last = cl.total_gpus - 1
+
+    def resident(job_id: str, gpu: int) -> JobView:
+        view = running(
+            job_id,
+            draw(TIED),
+            (gpu,),
+            model=draw(st.sampled_from("abc")),
+            batch=draw(st.sampled_from([32, 64])),
+        )
+        return replace(view, progress_rate=draw(RATES))
+
+    held = [resident(f"r{g}", g) for g in range(last)]
+    first, second = resident("x", last), resident("y", last)
+    queue = [
+        pending(
+            f"p{k}",
+            draw(TIED),
+            model=draw(st.sampled_from("abc")),
+            batch=draw(st.sampled_from([32, 64, 256])),
+        )
+        for k in range(draw(st.integers(1, 5)))
+    ]
+    later = draw(st.sampled_from([0.0, 10.0, 40.0, 100.0, 300.0, 700.0]))
+    perf = draw(st.sampled_from([PERF, PERF_ACCUM]))
+    before = snapshot(cl, perf, queue, [*held, first, second])
+    return before, replace(before, now=later, running=(*held, replace(first)))
+
+
+@pytest.mark.parametrize("benefit_test", [True, False])
+@settings(SETTINGS, max_examples=300)
+@given(pair_of=slot_sequences())
+def test_a_remembered_job_tried_against_new_slots_decides_as_a_fresh_policy(
+    benefit_test: bool, pair_of: tuple[Snapshot, Snapshot]
+):
+    before, sketch = pair_of
+    warm = SjfBsbf(benefit_test=benefit_test)
+    first = warm.decide(before)  # remembers the jobs that found no partner
+    # the second snapshot follows the first decision: its starts share their GPUs
+    started = {s.job_id: s for s in first.starts}
+    sharing = [
+        running(j.job_id, j.est_remaining_s, started[j.job_id].gpu_ids, j.model, j.batch_size)
+        for j in before.pending
+        if j.job_id in started
+    ]
+    after = snapshot(
+        before.cluster,
+        before.estimates,  # type: ignore[arg-type]
+        [j for j in before.pending if j.job_id not in started],
+        [*sketch.running, *sharing],
+        now=sketch.now,
+    )
+    got = warm.decide(after)
+    want = SjfBsbf(benefit_test=benefit_test).decide(after)
+    assert got.starts == want.starts
+    assert got.wake_at == want.wake_at
+    for j in after.pending:
+        assert got.why(j.job_id) == want.why(j.job_id)

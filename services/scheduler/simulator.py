@@ -14,7 +14,7 @@ import math
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from libs.core.cluster import Cluster
 from libs.core.decision import Decision, Start
@@ -110,11 +110,13 @@ class SortedQueue:
         self.order = sort.name if sort else "arrival"
         self._keys: list[tuple] = []
         self._views: list[JobView] = []
+        #: each queued job's key, as worked out when it joined
+        self._key_of: dict[str, tuple] = {}
 
     def add(self, view: JobView) -> None:
         if self.sort is None:
             return
-        key = self.sort.key(view)
+        key = self._key_of[view.job_id] = self.sort.key(view)
         i = bisect_left(self._keys, key)
         self._keys.insert(i, key)
         self._views.insert(i, view)
@@ -122,7 +124,7 @@ class SortedQueue:
     def remove(self, view: JobView) -> None:
         if self.sort is None:
             return
-        i = bisect_left(self._keys, self.sort.key(view))
+        i = bisect_left(self._keys, self._key_of.pop(view.job_id))
         del self._keys[i]
         del self._views[i]
 
@@ -266,8 +268,21 @@ class Simulator:
         )
 
     def _running_view(self, job: SimJob) -> JobView:
-        return replace(
-            self._pending_view(job),
+        spec = job.spec
+        return JobView(
+            job_id=spec.job_id,
+            submit_time=spec.submit_time,
+            model=spec.model,
+            gpus=spec.gpus,
+            batch_size=spec.batch_size,
+            est_remaining_s=job.remaining * job.est_iter,
+            attained_gpu_s=job.attained,
+            as_of=self.clock,
+            allow_sharing=spec.allow_sharing,
+            deadline=spec.deadline,
+            oracle_remaining_s=job.remaining * job.exclusive_iter,
+            queued_since=job.queued_since,
+            preemptions=job.preemptions,
             state=JobState.RUNNING,
             gpu_ids=job.gpu_ids,
             accum_steps=job.accum,

@@ -19,6 +19,7 @@ import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 
 from libs.core.decision import Decision, Preempt, Start
 from libs.core.placement import FreeGpus
@@ -34,10 +35,12 @@ from services.scheduler.policies.base import (
 )
 
 RankKey = Callable[[JobView], tuple]
+#: Tiresias keeps its running jobs ranked across decisions (tests turn it off to compare)
+KEEP_RUNNING_RANKS = True
 
 
-def _gpus_of(job: JobView) -> int:
-    return job.gpus
+_gpus_of = attrgetter("gpus")
+_job_id = attrgetter("job_id")
 
 
 Ranked = tuple[tuple, JobView]
@@ -50,13 +53,16 @@ def decide_by_rank(
     describe: Callable[[JobView], str],
     shapes: ShapeCache | None = None,
     budget_cell: list[int] | None = None,
+    run_keys: list[tuple] | None = None,
+    run_gpus: list[int] | None = None,
 ) -> Decision:
     """Hand GPUs out in rank order; ``running`` and ``pending`` each come in ascending rank.
 
     Ranks must be unique across both (they end in the job id). ``pending`` may be lazy:
     it is read only until the budget of GPUs is spent, and a lazy ``pending`` may leave
     out jobs larger than the budget it reads from ``budget_cell[0]`` (kept up to date
-    here before each job is asked for).
+    here before each job is asked for). ``run_keys`` and ``run_gpus``, if given, are the
+    keys and GPU counts of ``running`` (a caller that keeps them need not list them).
     """
     cell = budget_cell if budget_cell is not None else [0]
     shapes = shapes or ShapeCache()
@@ -64,8 +70,9 @@ def decide_by_rank(
     budget = snapshot.cluster.total_gpus
     winners: list[JobView] = []
     losers_running: list[JobView] = []
-    run_keys = [key for key, _ in running]
-    run_gpus = [held.gpus for _, held in running]
+    if run_keys is None or run_gpus is None:
+        run_keys = [key for key, _ in running]
+        run_gpus = [held.gpus for _, held in running]
     # until a queued job wins, every running job fits when together they hold at most
     # the cluster (no GPU shared), so a stretch of them costs a sum rather than a walk
     contested = sum(run_gpus) > budget
@@ -208,6 +215,127 @@ class Srtf:
         return decide_by_rank(snapshot, running, pending, describe, self._shapes)
 
 
+#: a service-threshold crossing time worked out at one decision may differ from the
+#: value the plain formula gives at another by float rounding; this much slack covers it
+_CROSS_SLACK_S = 1e-3
+
+
+class RunningRanks:
+    """Running jobs in Tiresias rank order, kept across decisions.
+
+    A running job's rank is (queue, submit time, id), and its queue changes only when
+    its attained service crosses a threshold, at a time known from its view. So instead
+    of ranking every running job at every decision, this keeps the ranked list of the
+    last decision, drops the views that are gone, ranks the new ones, and re-ranks only
+    the jobs whose next crossing is due (a heap by crossing time). The ranks, and the
+    earliest crossing as a wake-up, come out exactly as the plain formula gives them at
+    ``now``: every value that can matter is recomputed at ``now`` with that formula.
+    A driver that makes new views every round simply gets every job ranked anew.
+    """
+
+    def __init__(self, thresholds: tuple[float, ...]) -> None:
+        self.thresholds = thresholds
+        self._reset()
+
+    def _reset(self) -> None:
+        self._views: dict[str, JobView] = {}
+        self._keys: dict[str, tuple] = {}
+        #: the running jobs in rank order, with their keys and GPU counts alongside
+        self.ranked: list[Ranked] = []
+        self.keys: list[tuple] = []
+        self.gpus: list[int] = []
+        #: (approximate time of the next threshold crossing, job id, tie-breaker, view)
+        self._crossings: list[tuple[float, str, int, JobView]] = []
+        self._seq = 0
+        self._now = -math.inf
+
+    def _rank(self, j: JobView, now: float) -> tuple:
+        attained = j.attained_gpu_s + (now - j.as_of) * j.gpus
+        q = bisect_right(self.thresholds, attained)
+        if q < len(self.thresholds):
+            at = j.as_of + (self.thresholds[q] - j.attained_gpu_s) / j.gpus
+            self._seq += 1
+            heapq.heappush(self._crossings, (at, j.job_id, self._seq, j))
+        return (q, j.submit_time, j.job_id)
+
+    def _insert(self, key: tuple, j: JobView) -> None:
+        i = bisect_left(self.keys, key)
+        self.keys.insert(i, key)
+        self.gpus.insert(i, j.gpus)
+        self.ranked.insert(i, (key, j))
+
+    def _delete(self, key: tuple) -> None:
+        i = bisect_left(self.keys, key)
+        del self.keys[i]
+        del self.gpus[i]
+        del self.ranked[i]
+
+    def update(self, running: tuple[JobView, ...], now: float) -> float:
+        """Bring the ranking to ``running`` at ``now``; return the earliest time a running
+        job drops a queue (inf if none will), as ``now + (threshold - attained) / gpus``."""
+        if now < self._now:  # time went back (another run): rank everything anew
+            self._reset()
+        self._now = now
+        views, keys = self._views, self._keys
+        seen = 0
+        fresh: list[JobView] = []
+        for j in running:
+            if views.get(j.job_id) is j:
+                seen += 1
+            else:
+                fresh.append(j)
+        if seen != len(views):  # some are gone
+            for job_id in views.keys() - set(map(_job_id, running)):
+                del views[job_id]
+                self._delete(keys.pop(job_id))
+        for j in fresh:
+            old = keys.pop(j.job_id, None)
+            if old is not None:
+                self._delete(old)
+            views[j.job_id] = j
+            key = keys[j.job_id] = self._rank(j, now)
+            self._insert(key, j)
+        crossings = self._crossings
+        # re-rank every job whose crossing may be due; drop entries of views now gone
+        due: list[tuple[float, str, int, JobView]] = []
+        while crossings and crossings[0][0] <= now + _CROSS_SLACK_S:
+            due.append(heapq.heappop(crossings))
+        for _, job_id, _, j in due:
+            if views.get(job_id) is not j:
+                continue
+            old = keys[job_id]
+            key = self._rank(j, now)  # pushes its next crossing, or this one again
+            if key != old:
+                self._delete(old)
+                keys[job_id] = key
+                self._insert(key, j)
+        # the wake-up: the exact formula for every job whose crossing is near the first
+        wake = math.inf
+        while crossings and views.get(crossings[0][1]) is not crossings[0][3]:
+            heapq.heappop(crossings)  # stale
+        if crossings:
+            limit = crossings[0][0] + 2 * _CROSS_SLACK_S
+            near: list[tuple[float, str, int, JobView]] = []
+            while crossings and crossings[0][0] <= limit:
+                item = heapq.heappop(crossings)
+                j = item[3]
+                if views.get(item[1]) is not j:
+                    continue
+                near.append(item)
+                attained = j.attained_gpu_s + (now - j.as_of) * j.gpus
+                q = bisect_right(self.thresholds, attained)
+                if q < len(self.thresholds):
+                    drop = now + (self.thresholds[q] - attained) / j.gpus
+                    if drop < wake:
+                        wake = drop
+            for item in near:
+                heapq.heappush(crossings, item)
+        if len(crossings) > 4 * len(views) + 64:
+            self._crossings = [c for c in crossings if views.get(c[1]) is c[3]]
+            heapq.heapify(self._crossings)
+        return wake
+
+
 @dataclass(frozen=True)
 class Tiresias:
     """Discretised two-dimensional least-attained-service (Tiresias 2D-LAS).
@@ -227,6 +355,7 @@ class Tiresias:
     _base_sort: QueueSort = field(init=False, compare=False, repr=False)
     _promote_sort: QueueSort = field(init=False, compare=False, repr=False)
     _size_sort: QueueSort = field(init=False, compare=False, repr=False)
+    _ranks: RunningRanks = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if list(self.thresholds_gpu_s) != sorted(self.thresholds_gpu_s):
@@ -234,6 +363,7 @@ class Tiresias:
         if self.promote_knob <= 0:
             raise ValueError("tiresias promote_knob must be > 0")
         thresholds = self.thresholds_gpu_s
+        object.__setattr__(self, "_ranks", RunningRanks(thresholds))
 
         def base_key(job: JobView) -> tuple[int, float, str]:
             return (bisect_right(thresholds, job.attained_gpu_s), job.submit_time, job.job_id)
@@ -284,18 +414,7 @@ class Tiresias:
         now = snapshot.now
         thresholds = self.thresholds_gpu_s
         min_wait, knob = self.min_wait_s, self.promote_knob
-        wake = math.inf
-        running: list[Ranked] = []
-        levels = len(thresholds)
-        for j in snapshot.running:
-            attained = j.attained_gpu_s + (now - j.as_of) * j.gpus
-            q = bisect_right(thresholds, attained)
-            running.append(((q, j.submit_time, j.job_id), j))
-            if q < levels:  # when it next drops a queue
-                drop = now + (thresholds[q] - attained) / j.gpus
-                if drop < wake:
-                    wake = drop
-        running.sort()
+        running, wake = self._rank_running(snapshot)
         by_promotion = snapshot.orders.get(self._promote_sort.name)
         if snapshot.queue_order == self._base_sort.name and by_promotion is not None:
             return self._decide_in_order(snapshot, running, by_promotion, wake)
@@ -315,10 +434,39 @@ class Tiresias:
         def describe(job: JobView) -> str:
             return f"priority queue {self.queue_of(job, now)}"
 
-        decision = decide_by_rank(snapshot, running, pending, describe, self._shapes)
+        decision = decide_by_rank(
+            snapshot, running, pending, describe, self._shapes, None, *self._kept(running)
+        )
         if not snapshot.pending or wake == math.inf:
             return decision  # queue changes matter only when someone is waiting
         return replace(decision, wake_at=wake)
+
+    def _rank_running(self, snapshot: Snapshot) -> tuple[list[Ranked], float]:
+        """Running jobs in rank order, and the earliest time one of them drops a queue."""
+        if KEEP_RUNNING_RANKS:
+            wake = self._ranks.update(snapshot.running, snapshot.now)
+            return self._ranks.ranked, wake
+        now = snapshot.now
+        thresholds = self.thresholds_gpu_s
+        wake = math.inf
+        running: list[Ranked] = []
+        levels = len(thresholds)
+        for j in snapshot.running:
+            attained = j.attained_gpu_s + (now - j.as_of) * j.gpus
+            q = bisect_right(thresholds, attained)
+            running.append(((q, j.submit_time, j.job_id), j))
+            if q < levels:  # when it next drops a queue
+                drop = now + (thresholds[q] - attained) / j.gpus
+                if drop < wake:
+                    wake = drop
+        running.sort()
+        return running, wake
+
+    def _kept(self, running: list[Ranked]) -> tuple[list[tuple] | None, list[int] | None]:
+        """The keys and GPU counts of ``running`` where the kept ranking is it."""
+        if running is self._ranks.ranked:
+            return self._ranks.keys, self._ranks.gpus
+        return None, None
 
     def _decide_in_order(
         self,
@@ -409,7 +557,7 @@ class Tiresias:
 
         stream = in_rank_order() if by_size is None else fitting_in_rank_order(by_size)
         decision = decide_by_rank(
-            snapshot, running, stream, describe, self._shapes, budget_cell=budget
+            snapshot, running, stream, describe, self._shapes, budget, *self._kept(running)
         )
         if not snapshot.pending or wake == math.inf:
             return decision

@@ -16,8 +16,13 @@ but will once a resident's remaining time shrinks below ``x_a E_a / x_b``, the d
 asks to be woken at that moment instead of being polled.
 
 Speed: a job is paired only with the groups of residents whose lower bound on t_con can
-still beat the best slot found (see ``SjfBsbf._search``), and a queued job that found no
-partner is not searched again while no shareable slot is new (``SlotIndex``).
+still beat the best slot found (see ``SjfBsbf._search_heap``); a one-GPU job needs no heap,
+and a job of several GPUs is not searched at all when no sub-batch has that many slots
+inside its benefit windows (``SjfBsbf._window_counts``). A queued job that found no
+partner is not searched again while no shareable slot is new (``SlotIndex``), and once
+slots are new it is tried only against those (each slot's epoch of birth is known),
+unless one of the old slots may have entered a benefit window since. A job shape's
+sub-batch terms are worked out once and shared by every group it is paired with.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ WAKE_MARGIN_S = 1e-3
 #: it above a t_con computed by the other formula
 _BOUND_SCALE = 0.5 * (1 - 1e-12)
 _TIGHT_SCALE = 1 - 1e-12
+#: take the shorter roads of ``SjfBsbf._search`` (tests turn them off to compare)
+FAST_PATHS = True
 
 
 def t_sequential(e_a: float, e_b: float) -> float:
@@ -121,10 +128,18 @@ class SlotIndex:
     (its resident partners only progress, and a resident entering a benefit window is
     announced by a wake-up time). A driver that rebuilds its views every round (the live
     scheduler) simply gets a new epoch every round.
+
+    ``born`` holds, per GPU of the last build's slots, the epoch at which that slot
+    (resident view and memory) first appeared, so a queued job last searched at epoch
+    ``e`` need only be tried against the slots born after ``e``.
     """
 
     def __init__(self) -> None:
         self.epoch = 0
+        self.born: dict[int, int] = {}
+        #: the last build's slots, newest first; and the GPUs taken from them since
+        self.by_birth: list[tuple[int, float, int, SlotGroup]] = []
+        self.taken: set[int] = set()
         self._slots: dict[int, tuple[JobView, float]] = {}
         self._cluster: object = None
         self._estimates: object = None
@@ -137,36 +152,68 @@ class SlotIndex:
         gpu_mem = snapshot.cluster.gpu_mem_mb
         old = self._slots
         slots: dict[int, tuple[JobView, float]] = {}
+        old_born = self.born
+        born: dict[int, int] = {}
+        new: list[int] = []
         fresh = snapshot.cluster is not self._cluster or snapshot.estimates is not self._estimates
+        if fresh:
+            old = {}
         for job in snapshot.running:
-            if not job.allow_sharing:
+            ids = job.gpu_ids
+            if not job.allow_sharing or (len(ids) == 1 and load[ids[0]] != 1):
                 continue
-            e_b = job.est_remaining_s - (now - job.as_of) * job.progress_rate
-            if e_b < 0.0:
-                e_b = 0.0
-            for gpu in job.gpu_ids:
+            e_b = -1.0
+            for gpu in ids:
                 if load[gpu] != 1:
                     continue
+                if e_b < 0.0:
+                    e_b = job.est_remaining_s - (now - job.as_of) * job.progress_rate
+                    if e_b < 0.0:
+                        e_b = 0.0
                 used = mem_used[gpu]
                 slots[gpu] = (job, used)
-                if not fresh:
-                    before = old.get(gpu)
-                    fresh = before is None or before[0] is not job or before[1] != used
+                before = old.get(gpu)
+                if before is None or before[0] is not job or before[1] != used:
+                    new.append(gpu)
+                else:
+                    born[gpu] = old_born[gpu]
                 key = (job.model, job.batch_size, job.gpus, job.accum_steps, gpu_mem[gpu])
                 group = groups.get(key)
                 if group is None:
                     group = groups[key] = SlotGroup(key, job, used, gpu_mem[gpu])
                 group.slots.append((e_b, gpu, job))
-        if fresh:
+        if new or fresh:
             self.epoch += 1
+            for gpu in new:
+                born[gpu] = self.epoch
+        self.born = born
+        self.taken = set()
         self._slots = slots
         self._cluster = snapshot.cluster
         self._estimates = snapshot.estimates
         ordered = [groups[k] for k in sorted(groups, key=repr)]
+        by_birth: list[tuple[int, float, int, SlotGroup]] = []
         for group in ordered:
             group.slots.sort(key=_slot_order)
             group.remaining = [slot[0] for slot in group.slots]
+            by_birth.extend((born[gpu], e_b, gpu, group) for e_b, gpu, _ in group.slots)
+        by_birth.sort(key=_birth_order)
+        self.by_birth = by_birth
         return ordered
+
+    def born_since(self, since: int) -> Iterator[tuple[float, int, SlotGroup]]:
+        """(E_b, GPU, group) of the slots born after epoch ``since`` still open, newest
+        first."""
+        taken = self.taken
+        for born, e_b, gpu, group in self.by_birth:
+            if born <= since:
+                return
+            if gpu not in taken:
+                yield e_b, gpu, group
+
+
+def _birth_order(item: tuple[int, float, int, SlotGroup]) -> tuple[int, int]:
+    return (-item[0], item[2])
 
 
 def _slot_order(slot: tuple[float, int, JobView]) -> tuple[float, int]:
@@ -231,12 +278,24 @@ class SjfBsbf:
     _pairings: dict[tuple, tuple[Pairing, ...]] = field(
         default_factory=dict, compare=False, repr=False
     )
-    _shapes: ShapeCache = field(default_factory=ShapeCache, compare=False, repr=False)
-    _slots: SlotIndex = field(default_factory=SlotIndex, compare=False, repr=False)
-    #: job id -> (its view, slot epoch, wake-up, why) for queued jobs that found no partner
-    _no_share: dict[str, tuple[JobView, int, float, str]] = field(
+    _terms: dict[tuple, ShapeTerms] = field(default_factory=dict, compare=False, repr=False)
+    #: the pairings of ``_pairings`` whose benefit window has a gap
+    _gaps: dict[tuple, tuple[Pairing, ...]] = field(default_factory=dict, compare=False, repr=False)
+    _made: dict[tuple[int, float, float, float], Pairing] = field(
         default_factory=dict, compare=False, repr=False
     )
+    _shapes: ShapeCache = field(default_factory=ShapeCache, compare=False, repr=False)
+    _slots: SlotIndex = field(default_factory=SlotIndex, compare=False, repr=False)
+    #: job id -> (its view, slot epoch, wake-up, why, recheck, counts) for queued jobs
+    #: that found no partner; until ``recheck`` none of the slots it was searched against
+    #: can start to pay; ``counts`` (jobs of several GPUs): per sub-batch, at most how
+    #: many of those slots lay in its benefit windows (None: not counted)
+    _no_share: dict[str, tuple[JobView, int, float, str, float, dict[int, int] | None]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    #: within one decision, while no slot is taken: per job shape, why it finds no partner
+    #: when none of its pairings has a gap (then that does not depend on the job's E_a)
+    _per_shape: dict[tuple, str] = field(default_factory=dict, compare=False, repr=False)
 
     def decide(self, snapshot: Snapshot) -> Decision:
         pending = snapshot.pending
@@ -258,6 +317,7 @@ class SjfBsbf:
             for job_id in [k for k in no_share if k not in queued]:
                 del no_share[job_id]
         epoch = -1
+        self._per_shape.clear()
         for job in ordered_pending(snapshot, SJF_ORDER):
             if free.total >= job.gpus:
                 bad = shapes.unschedulable(job, snapshot)
@@ -297,13 +357,34 @@ class SjfBsbf:
                 wake = min(wake, known[2])
                 reasons[job.job_id] = f"needs {job.gpus} GPUs, {free.total} idle; {known[3]}"
                 continue
-            choice, job_wake, why = self._search(job, groups, snapshot)
+            quick = False
+            counts: dict[int, int] | None = None
+            if known is not None and known[0] is job and now < known[4] - 2 * WAKE_MARGIN_S:
+                # the slots it found no partner among have not entered a benefit window
+                # since: only the slots born since can change the answer
+                if job.gpus == 1:
+                    quick = not self._new_slot_pays(job, groups, known[1], snapshot)
+                elif known[5] is not None and FAST_PATHS:
+                    counts = dict(known[5])
+                    extras = self._window_counts(job, groups, snapshot, known[1]) or {}
+                    for k, extra in extras.items():
+                        counts[k] = counts.get(k, 0) + extra
+                    quick = max(counts.values(), default=0) < job.gpus
+            if quick:  # it still finds none (its wake-up is worked out anew)
+                choice, job_wake, why, recheck = self._no_partner(job, groups, snapshot)
+            else:
+                choice, job_wake, why, recheck, counts = self._search(
+                    job, groups, snapshot, open_slots
+                )
             if choice is None:
-                no_share[job.job_id] = (job, epoch, job_wake, why)
+                no_share[job.job_id] = (job, epoch, job_wake, why, recheck, counts)
                 wake = min(wake, job_wake)
                 reasons[job.job_id] = f"needs {job.gpus} GPUs, {free.total} idle; {why}"
                 continue
-            starts.append(self._apply(job, choice, groups))
+            start = self._apply(job, choice, groups)
+            starts.append(start)
+            self._slots.taken.update(start.gpu_ids)
+            self._per_shape.clear()  # slots went away
             open_slots -= job.gpus
         default = busy_reason(snapshot)
         if groups is not None and open_slots == 0:
@@ -326,10 +407,245 @@ class SjfBsbf:
         key = ((job.model, job.batch_size, job.gpus), group.key)
         pairings = self._pairings.get(key)
         if pairings is None:
-            pairings = self._pairings[key] = pair(job, group, snapshot)
+            shape = key[0]
+            terms = self._terms.get(shape)
+            if terms is None:
+                terms = self._terms[shape] = shape_terms(job, snapshot)
+            pairings = self._pairings[key] = pair(job, group, snapshot, terms, self._made)
+            self._gaps[key] = tuple(p for p in pairings if p.gap)
         return pairings
 
     def _search(
+        self, job: JobView, groups: list[SlotGroup], snapshot: Snapshot, open_slots: int = -1
+    ) -> tuple[Choice | None, float, str, float, dict[int, int] | None]:
+        """What ``_search_heap`` finds, by a shorter road where there is one: a one-GPU job
+        needs no heap (its choice is its single best slot), and a job needing more GPUs
+        than there are open slots cannot be placed at all (only its wake-up is left to
+        work out). ``open_slots`` is the number of slots left in ``groups`` (-1: count).
+
+        The fourth item is when, at the earliest, a slot it found no partner among could
+        start to pay (-inf: unknown, search it in full next time); the fifth, for a job
+        of several GPUs, how many slots per sub-batch lay in its windows (None: not
+        counted)."""
+        if not FAST_PATHS:
+            return (*self._search_heap(job, groups, snapshot), -math.inf, None)
+        if job.gpus == 1:
+            return (*self._search_one(job, groups, snapshot), None)
+        if open_slots < 0:
+            open_slots = sum(len(g.remaining) for g in groups)
+        if job.gpus > open_slots:
+            return (*self._no_partner(job, groups, snapshot)[:3], -math.inf, None)
+        counts = self._window_counts(job, groups, snapshot)
+        if counts is not None and max(counts.values(), default=0) < job.gpus:
+            return (*self._no_partner(job, groups, snapshot), counts)
+        return (*self._search_heap(job, groups, snapshot), -math.inf, None)
+
+    def _window_counts(
+        self, job: JobView, groups: list[SlotGroup], snapshot: Snapshot, since: int = -1
+    ) -> dict[int, int] | None:
+        """Per sub-batch of ``job``, how many slots (born after epoch ``since``) lie in its
+        benefit windows over all groups. The heap search tries exactly those slots (and
+        may reject some at a window edge), so where every count is below ``job.gpus`` it
+        cannot place the job. Counting all slots needs every group paired with the job's
+        shape: where one is not yet, this gives None and leaves it to the heap search,
+        which pairs only the groups that can still win."""
+        e_alone = job.remaining_s(snapshot.now)
+        if e_alone < 1e-9:
+            e_alone = 1e-9
+        benefit = self.benefit_test
+        counts: dict[int, int] = {}
+        shape = (job.model, job.batch_size, job.gpus)
+        known = self._pairings
+        if since >= 0:
+            for e_b, _, group in self._slots.born_since(since):
+                found = known.get((shape, group.key))
+                if found is None:
+                    found = self._group_pairings(job, group, snapshot)
+                for p in found:
+                    if not benefit or (
+                        e_b > e_alone * p.c_low1
+                        and (e_b <= e_alone * p.c_high1 or e_b > e_alone * p.c_low2)
+                    ):
+                        counts[p.accum] = counts.get(p.accum, 0) + 1
+            return counts
+        for group in groups:
+            rem = group.remaining
+            n = len(rem)
+            if not n:
+                continue
+            found = known.get((shape, group.key))
+            if found is None:
+                return None
+            for p in found:
+                if not benefit:
+                    count = n
+                else:  # the slots _first_slot walks: above low1, and at most high1 or above low2
+                    i1 = bisect_right(rem, e_alone * p.c_low1)
+                    j1 = bisect_right(rem, e_alone * p.c_high1)
+                    i2 = max(i1, bisect_right(rem, e_alone * p.c_low2))
+                    count = n - i1 if j1 >= i2 else max(0, j1 - i1) + (n - i2)
+                counts[p.accum] = counts.get(p.accum, 0) + count
+        return counts
+
+    def _new_slot_pays(
+        self, job: JobView, groups: list[SlotGroup], since: int, snapshot: Snapshot
+    ) -> bool:
+        """Whether a slot born after epoch ``since`` lies in one of the one-GPU ``job``'s
+        benefit windows (or, without the benefit test, fits it at all)."""
+        if job.gpus != 1 or not FAST_PATHS:
+            return True
+        e_alone = job.remaining_s(snapshot.now)
+        if e_alone < 1e-9:
+            e_alone = 1e-9
+        benefit = self.benefit_test
+        shape = (job.model, job.batch_size, job.gpus)
+        known = self._pairings
+        for e_b, _, group in self._slots.born_since(since):
+            pairings = known.get((shape, group.key))
+            if pairings is None:
+                pairings = self._group_pairings(job, group, snapshot)
+            if pairings and not benefit:
+                return True
+            for p in pairings:  # as _first_slot reads a window
+                if e_b > e_alone * p.c_low1 and (
+                    e_b <= e_alone * p.c_high1 or e_b > e_alone * p.c_low2
+                ):
+                    return True
+        return False
+
+    def _search_one(
+        self, job: JobView, groups: list[SlotGroup], snapshot: Snapshot
+    ) -> tuple[Choice | None, float, str, float]:
+        """``_search_heap`` for a one-GPU job: groups in ascending order of their bound,
+        each paired and its first paying slot taken, until a bound exceeds the best slot
+        found. The heap would expand the same groups and pick the same slot: the least
+        (t_con, group, pairing, slot)."""
+        e_alone = job.remaining_s(snapshot.now)
+        if e_alone < 1e-9:
+            e_alone = 1e-9
+        shape = (job.model, job.batch_size, job.gpus)
+        known = self._pairings
+        order: list[tuple[float, int]] = []
+        for gi, group in enumerate(groups):
+            rem = group.remaining
+            if not rem:
+                continue
+            pairings = known.get((shape, group.key))
+            if pairings is None:
+                order.append(((e_alone + rem[0]) * _BOUND_SCALE, gi))
+            elif pairings:
+                e_b = rem[0]
+                order.append(
+                    (
+                        _TIGHT_SCALE
+                        * min(
+                            t_concurrent(e_alone * p.stretch, e_b, p.x_a, p.x_b) for p in pairings
+                        ),
+                        gi,
+                    )
+                )
+        order.sort()
+        best: tuple[float, int, int, int] | None = None
+        benefit = self.benefit_test
+        edge = False
+        for bound, gi in order:
+            if best is not None and bound > best[0]:
+                break
+            group = groups[gi]
+            rem = group.remaining
+            pairings = known.get((shape, group.key))
+            if pairings is None:
+                pairings = self._group_pairings(job, group, snapshot)
+            for pi, p in enumerate(pairings):
+                if benefit:
+                    i = bisect_right(rem, e_alone * p.c_low1)
+                    if i >= len(rem) or rem[i] > e_alone * p.c_high1:
+                        i = max(i, bisect_right(rem, e_alone * p.c_low2))
+                        if i >= len(rem):
+                            continue
+                else:
+                    i = 0
+                e_b = rem[i]
+                t_con = t_concurrent(e_alone * p.stretch, e_b, p.x_a, p.x_b)
+                if benefit and not t_con < e_b + e_alone / 2:
+                    edge = True
+                    continue  # rounding at a window edge: this pairing has no slot
+                if best is None or (t_con, gi, pi, i) < best:
+                    best = (t_con, gi, pi, i)
+        if best is None:
+            found = self._no_partner(job, groups, snapshot)
+            return found if not edge else (*found[:3], -math.inf)
+        t_con, gi, pi, i = best
+        accum = known[(shape, groups[gi].key)][pi].accum
+        return Choice(score=t_con, accum=accum, picks=((t_con, gi, i),)), math.inf, "", math.inf
+
+    def _no_partner(
+        self, job: JobView, groups: list[SlotGroup], snapshot: Snapshot
+    ) -> tuple[None, float, str, float]:
+        """What ``_search_heap`` says of a job it cannot place: every group is paired, and
+        the wake-up is when the least-loaded resident waiting to enter a benefit window
+        enters it. Also when the first of all such residents enters one (the recheck
+        time: residents progress at different rates)."""
+        now = snapshot.now
+        e_alone = -1.0
+        fits = False
+        gappy_any = False
+        wake = math.inf
+        recheck = math.inf
+        shape = (job.model, job.batch_size, job.gpus)
+        why = self._per_shape.get(shape)
+        if why is not None:
+            return None, math.inf, why, math.inf
+        known, gaps = self._pairings, self._gaps
+        for group in groups:
+            rem = group.remaining
+            if not rem:
+                continue
+            key = (shape, group.key)
+            pairings = known.get(key)
+            if pairings is None:
+                pairings = self._group_pairings(job, group, snapshot)
+            if not pairings:
+                continue
+            fits = True
+            gappy = gaps[key]  # only a window with a gap can be entered by a shrinking E_b
+            if not gappy:
+                continue
+            gappy_any = True
+            if e_alone < 0.0:
+                e_alone = job.remaining_s(now)
+                if e_alone < 1e-9:
+                    e_alone = 1e-9
+            n = len(rem)
+            slots = group.slots
+            for p in gappy:
+                high = e_alone * p.c_high1
+                if not e_alone * p.c_low1 < high:
+                    continue  # (see _wake_time)
+                low2 = e_alone * p.c_low2
+                i = bisect_right(rem, high)
+                if i < n and rem[i] <= low2:  # _wake_time, inlined
+                    rate = slots[i][2].progress_rate
+                    if rate > 0:
+                        at = now + (rem[i] - high) / rate + WAKE_MARGIN_S
+                        if at < wake:
+                            wake = at
+                while i < n and rem[i] <= low2:
+                    rate = slots[i][2].progress_rate
+                    if rate > 0:
+                        at = now + (rem[i] - high) / rate
+                        if at < recheck:
+                            recheck = at
+                    i += 1
+        if not fits:
+            why = "no GPU holding a single job has memory for it"
+        else:
+            why = "sharing with the running jobs would not lower mean completion time yet"
+        if not gappy_any:
+            self._per_shape[shape] = why
+        return None, wake, why, recheck
+
+    def _search_heap(
         self, job: JobView, groups: list[SlotGroup], snapshot: Snapshot
     ) -> tuple[Choice | None, float, str]:
         """The sub-batch whose ``gpus``-th best paying slot has the smallest t_con.
@@ -433,29 +749,52 @@ class SjfBsbf:
         return Start(job.job_id, tuple(sorted(gpus)), choice.accum, tuple(sorted(partners)))
 
 
-def pair(job: JobView, group: SlotGroup, snapshot: Snapshot) -> tuple[Pairing, ...]:
+#: per job shape: (sub-batch accumulation, its per-GPU memory, its stretch) for every
+#: sub-batch, worked out once and shared by every group the shape is paired with
+ShapeTerms = tuple[tuple[int, float, float], ...]
+
+
+def shape_terms(job: JobView, snapshot: Snapshot) -> ShapeTerms:
+    est = snapshot.estimates
+    model, batch, gpus = job.model, job.batch_size, job.gpus
+    nodes = -(-gpus // snapshot.cluster.max_gpus_per_node)
+    alone = 0.0
+    terms: list[tuple[int, float, float]] = []
+    for k in accum_choices(job):
+        mem = est.gpu_memory_mb(model, batch / (gpus * k))
+        if not alone:
+            alone = est.iteration_time(model, batch, gpus, nodes, 1)
+        terms.append((k, mem, est.iteration_time(model, batch, gpus, nodes, k) / alone))
+    return tuple(terms)
+
+
+def pair(
+    job: JobView,
+    group: SlotGroup,
+    snapshot: Snapshot,
+    terms: ShapeTerms | None = None,
+    made: dict[tuple[int, float, float, float], Pairing] | None = None,
+) -> tuple[Pairing, ...]:
     """Every sub-batch of ``job`` worth trying against ``group``'s kind of resident: those
     that fit in memory beside it and that no other fitting sub-batch beats on every count
-    (slowdown of A, slowdown of B, and A's accumulation stretch)."""
+    (slowdown of A, slowdown of B, and A's accumulation stretch). ``terms`` (the job
+    shape's, see ``shape_terms``) and ``made`` (pairings already built, by their numbers)
+    may be kept by the caller across groups."""
     est = snapshot.estimates
     b = group.resident
     model, batch, gpus = job.model, job.batch_size, job.gpus
-    used, capacity = group.mem_used_mb, group.gpu_mem_mb
-    nodes = -(-gpus // snapshot.cluster.max_gpus_per_node)
-    alone = 0.0
+    if terms is None:
+        terms = shape_terms(job, snapshot)
     fitting: list[tuple[float, float, float, int]] = []
-    for k in accum_choices(job):
-        if not est.gpu_memory_mb(model, batch / (gpus * k)) + used <= capacity:
+    for k, mem, stretch in terms:
+        if not mem + group.mem_used_mb <= group.gpu_mem_mb:
             continue
-        if not alone:
-            alone = est.iteration_time(model, batch, gpus, nodes, 1)
         x_a = est.colocation_slowdown(
             model, batch, gpus, k, b.model, b.batch_size, b.gpus, b.accum_steps
         )
         x_b = est.colocation_slowdown(
             b.model, b.batch_size, b.gpus, b.accum_steps, model, batch, gpus, k
         )
-        stretch = est.iteration_time(model, batch, gpus, nodes, k) / alone
         fitting.append((x_a, x_b, stretch, k))
     kept: list[Pairing] = []
     for i, (x_a, x_b, stretch, k) in enumerate(fitting):
@@ -471,7 +810,14 @@ def pair(job: JobView, group: SlotGroup, snapshot: Snapshot) -> tuple[Pairing, .
                 dominated = True
                 break
         if not dominated:
-            kept.append(Pairing.make(k, x_a, x_b, stretch))
+            if made is None:
+                kept.append(Pairing.make(k, x_a, x_b, stretch))
+                continue
+            key = (k, x_a, x_b, stretch)
+            pairing = made.get(key)
+            if pairing is None:
+                pairing = made[key] = Pairing.make(k, x_a, x_b, stretch)
+            kept.append(pairing)
     return tuple(kept)
 
 
