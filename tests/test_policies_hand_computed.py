@@ -86,3 +86,18 @@ def test_a_job_whose_memory_never_fits_is_unschedulable_with_the_numbers():
     (outcome,) = result.jobs
     assert outcome.state == "unschedulable"
     assert "MiB per GPU" in outcome.reason and "16000 MiB" in outcome.reason
+
+
+def test_tiresias_runs_a_promoted_job_in_the_top_queue_until_it_earns_a_threshold_again():
+    # one GPU, threshold 10 GPU-s, promotion after waiting as long as the job has run,
+    # no restore overhead. t=10: A (10 s run) sinks, B (queue 0) evicts it. t=20: B sinks
+    # and A, waiting 10 s, is promoted and evicts B. A's run counts from its promotion:
+    # it stays in queue 0 to t=30, when B (waited 10 s) is promoted and evicts it. B sinks
+    # at t=40 but stays ahead of A, both in queue 1, because running jobs come first in a
+    # queue; it finishes at t=50 and A at t=60.
+    policy = Tiresias(thresholds_gpu_s=(10.0,), promote_knob=1.0, min_wait_s=0.0)
+    trace = [job("A", 0, 30), job("B", 5, 30)]
+    result = simulate(cluster(1, 1), trace, policy, TablePerf(),
+                      config=SimConfig(restart_overhead_s=0.0))
+    assert {o.job_id: o.finish_time for o in result.jobs} == pytest.approx({"A": 60, "B": 50})
+    assert result.preemptions == 3

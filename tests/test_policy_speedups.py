@@ -107,7 +107,8 @@ def reference(policy: Srtf | Tiresias, snap: Snapshot) -> Decision:
         )
     return reference_decide_by_rank(
         snap,
-        lambda j: (policy.queue_of(j, now), j.submit_time, j.job_id),
+        # running jobs first within a queue
+        lambda j: (policy.queue_of(j, now), 0 if j.running else 1, j.submit_time, j.job_id),
         lambda j: f"priority queue {policy.queue_of(j, now)}",
     )
 

@@ -74,6 +74,7 @@ class SimJob:
         "remaining",
         "shared",
         "spec",
+        "started_at",
         "state",
         "version",
         "view",
@@ -93,6 +94,7 @@ class SimJob:
         self.last_settle = 0.0
         self.attained = 0.0
         self.queued_since = spec.submit_time
+        self.started_at = 0.0
         self.queue_total = 0.0
         self.first_start: float | None = None
         self.finish_time: float | None = None
@@ -272,6 +274,7 @@ class Simulator:
             gpu_ids=job.gpu_ids,
             accum_steps=job.accum,
             progress_rate=job.est_iter / job.iter_time,
+            started_at=job.started_at,
         )
 
     def _settle(self, job: SimJob) -> None:
@@ -445,6 +448,7 @@ class Simulator:
         job.accum = start.accum_steps
         job.mem_mb = mem
         job.last_settle = self.clock
+        job.started_at = self.clock
         job.queue_total += self.clock - job.queued_since
         if job.first_start is None:
             job.first_start = self.clock

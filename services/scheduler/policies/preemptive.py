@@ -43,6 +43,14 @@ def _gpus_of(job: JobView) -> int:
 Ranked = tuple[tuple, JobView]
 
 
+@dataclass
+class Moved:
+    """The jobs a decision starts and preempts, as the policy saw them."""
+
+    started: list[JobView] = field(default_factory=list)
+    preempted: list[JobView] = field(default_factory=list)
+
+
 def decide_by_rank(
     snapshot: Snapshot,
     running: list[Ranked],
@@ -50,13 +58,15 @@ def decide_by_rank(
     describe: Callable[[JobView], str],
     shapes: ShapeCache | None = None,
     budget_cell: list[int] | None = None,
+    moved: Moved | None = None,
 ) -> Decision:
     """Hand GPUs out in rank order; ``running`` and ``pending`` each come in ascending rank.
 
     Ranks must be unique across both (they end in the job id). ``pending`` may be lazy:
     it is read only until the budget of GPUs is spent, and a lazy ``pending`` may leave
     out jobs larger than the budget it reads from ``budget_cell[0]`` (kept up to date
-    here before each job is asked for).
+    here before each job is asked for). ``moved``, when given, receives the views of the
+    jobs started and of those preempted.
     """
     cell = budget_cell if budget_cell is not None else [0]
     shapes = shapes or ShapeCache()
@@ -108,7 +118,8 @@ def decide_by_rank(
     preemptions: list[Preempt] = []
     if winners:
         _place_winners(
-            snapshot, winners, losers_running, describe, shapes, starts, preemptions, explicit
+            snapshot, winners, losers_running, describe, shapes, starts, preemptions, explicit,
+            moved,
         )
     won = {job.job_id for job in winners}
     bad_by_shape: dict[tuple[str, int, int], str | None] = {}
@@ -141,6 +152,7 @@ def _place_winners(
     starts: list[Start],
     preemptions: list[Preempt],
     explicit: dict[str, str],
+    moved: Moved | None = None,
 ) -> None:
     """Place the queued winners in rank order, evicting the lowest-ranked losers as needed."""
     free = FreeGpus(snapshot)
@@ -151,11 +163,15 @@ def _place_winners(
             victim = losers_running.pop()  # lowest rank goes first
             preemptions.append(Preempt(victim.job_id, f"preempted for {job.job_id}"))
             free.give_back(victim.gpu_ids, node_of)
+            if moved is not None:
+                moved.preempted.append(victim)
             start = place_exclusive(job, free, snapshot, shapes)
         if start is None:
             explicit[job.job_id] = f"{describe(job)}; {no_room_reason(job, free)}"
         else:
             starts.append(start)
+            if moved is not None:
+                moved.started.append(job)
 
 
 def pending_remaining(job: JobView) -> float:
@@ -180,6 +196,11 @@ def srtf_key(job: JobView) -> tuple[float, float, str]:
 
 
 SRTF_ORDER = QueueSort("oracle-remaining", srtf_key)
+
+#: within a Tiresias queue, running jobs rank before queued ones
+RUNNING_FIRST, QUEUED_AFTER = 0, 1
+#: a run that began this close to its promotion time began as a promotion (float slack)
+PROMOTION_SLACK_S = 1e-6
 
 
 @dataclass(frozen=True)
@@ -213,9 +234,17 @@ class Tiresias:
     """Discretised two-dimensional least-attained-service (Tiresias 2D-LAS).
 
     Queue ``i`` holds jobs whose attained GPU-seconds lie between thresholds ``i-1`` and
-    ``i``; lower queues win, FIFO within a queue. A queued job that has waited more than
-    ``promote_knob`` times its executed time (and at least ``min_wait_s``) is promoted
-    to the top queue so that nothing starves.
+    ``i``; lower queues win. Within a queue running jobs come first, then queued jobs in
+    submission order, so a job is never preempted by one of its own queue (as in the
+    Tiresias simulator, which moves a queue's pending jobs behind its running ones).
+
+    A queued job that has waited more than ``promote_knob`` times its executed time (and
+    at least ``min_wait_s``) is promoted to the top queue so that nothing starves. As in
+    the Tiresias simulator, promotion restarts the count of service that decides the
+    queue: a run that began as a promotion is placed by the service of that run alone,
+    so it sinks again only after earning another threshold's worth. (The simulator also
+    keeps that count after a later preemption; here a queued job is placed by all the
+    service it ever had, so a promoted job preempted again waits in its old queue.)
     """
 
     thresholds_gpu_s: tuple[float, ...] = (3_600.0, 36_000.0)
@@ -265,13 +294,29 @@ class Tiresias:
         wake-up without a scan, and reads only queued jobs that still fit the GPUs left."""
         return (self._promote_sort, self._size_sort)
 
+    def _promoted_run(self, job: JobView) -> bool:
+        """Whether a running job's current run began because its wait promoted it."""
+        before = job.attained_gpu_s - (job.as_of - job.started_at) * job.gpus
+        if before <= PROMOTION_SLACK_S * job.gpus:
+            return False
+        wait = max(self.min_wait_s, self.promote_knob * before / job.gpus)
+        return job.started_at >= job.queued_since + wait - PROMOTION_SLACK_S
+
+    def _running_service(self, job: JobView, now: float) -> float:
+        """The service that places a running job in a queue."""
+        if self._promoted_run(job):
+            return (now - job.started_at) * job.gpus
+        return job.attained_gpu_s + (now - job.as_of) * job.gpus
+
     def _promote_value(self, job: JobView) -> float:
         return self._promote_at(job) if job.attained_gpu_s > 0 else math.inf
 
     def queue_of(self, job: JobView, now: float) -> int:
-        if not job.running and self._starving(job, now):
+        if job.running:
+            return bisect_right(self.thresholds_gpu_s, self._running_service(job, now))
+        if self._starving(job, now):
             return 0
-        return bisect_right(self.thresholds_gpu_s, job.attained_at(now))
+        return bisect_right(self.thresholds_gpu_s, job.attained_gpu_s)
 
     def _promote_at(self, job: JobView) -> float:
         executed = job.attained_gpu_s / job.gpus
@@ -288,11 +333,11 @@ class Tiresias:
         running: list[Ranked] = []
         levels = len(thresholds)
         for j in snapshot.running:
-            attained = j.attained_gpu_s + (now - j.as_of) * j.gpus
-            q = bisect_right(thresholds, attained)
-            running.append(((q, j.submit_time, j.job_id), j))
+            service = self._running_service(j, now)
+            q = bisect_right(thresholds, service)
+            running.append(((q, RUNNING_FIRST, j.submit_time, j.job_id), j))
             if q < levels:  # when it next drops a queue
-                drop = now + (thresholds[q] - attained) / j.gpus
+                drop = now + (thresholds[q] - service) / j.gpus
                 if drop < wake:
                     wake = drop
         running.sort()
@@ -309,15 +354,38 @@ class Tiresias:
                     q = 0
                 else:
                     wake = min(wake, promote_at)
-            pending.append(((q, j.submit_time, j.job_id), j))
+            pending.append(((q, QUEUED_AFTER, j.submit_time, j.job_id), j))
         pending.sort()  # nearly sorted when the driver keeps the queue_sort order
 
         def describe(job: JobView) -> str:
             return f"priority queue {self.queue_of(job, now)}"
 
-        decision = decide_by_rank(snapshot, running, pending, describe, self._shapes)
-        if not snapshot.pending or wake == math.inf:
-            return decision  # queue changes matter only when someone is waiting
+        moved = Moved()
+        decision = decide_by_rank(snapshot, running, pending, describe, self._shapes,
+                                  moved=moved)
+        return self._with_wake(decision, snapshot, wake, moved)
+
+    def _with_wake(
+        self, decision: Decision, snapshot: Snapshot, wake: float, moved: Moved
+    ) -> Decision:
+        """Add the times at which the decision's own moves change a queue: a started job
+        sinking, a preempted one being promoted. Queue changes matter only while someone
+        waits."""
+        now = snapshot.now
+        thresholds = self.thresholds_gpu_s
+        for job in moved.started:
+            service = 0.0 if self._starving(job, now) else job.attained_gpu_s
+            q = bisect_right(thresholds, service)
+            if q < len(thresholds):
+                wake = min(wake, now + (thresholds[q] - service) / job.gpus)
+        for job in moved.preempted:
+            attained = job.attained_at(now)
+            if attained > 0:
+                executed = attained / job.gpus
+                wake = min(wake, now + max(self.min_wait_s, self.promote_knob * executed))
+        waiting = len(snapshot.pending) - len(moved.started) + len(moved.preempted)
+        if waiting <= 0 or wake == math.inf:
+            return decision
         return replace(decision, wake_at=wake)
 
     def _decide_in_order(
@@ -338,7 +406,7 @@ class Tiresias:
         # promoted from a lower queue (jobs of queue 0 are there already)
         first = thresholds[0] if thresholds else math.inf
         promoted = sorted(
-            ((0, j.submit_time, j.job_id), j)
+            ((0, QUEUED_AFTER, j.submit_time, j.job_id), j)
             for j in by_promotion[:cut]
             if j.attained_gpu_s >= first
         )
@@ -353,7 +421,7 @@ class Tiresias:
                 q = bisect_right(thresholds, j.attained_gpu_s)
                 if q and j.job_id in lifted:
                     continue
-                key = (q, j.submit_time, j.job_id)
+                key = (q, QUEUED_AFTER, j.submit_time, j.job_id)
                 while pi < len(promoted) and promoted[pi][0] < key:
                     yield promoted[pi]
                     pi += 1
@@ -396,7 +464,7 @@ class Tiresias:
                 j = queue[pos]
                 q = bisect_right(thresholds, j.attained_gpu_s)
                 if not (q and j.job_id in lifted):
-                    item = ((q, j.submit_time, j.job_id), size, pos, end)
+                    item = ((q, QUEUED_AFTER, j.submit_time, j.job_id), size, pos, end)
                     if heap:
                         heapq.heappush(heads, item)
                     else:
@@ -408,9 +476,8 @@ class Tiresias:
             return f"priority queue {self.queue_of(job, now)}"
 
         stream = in_rank_order() if by_size is None else fitting_in_rank_order(by_size)
+        moved = Moved()
         decision = decide_by_rank(
-            snapshot, running, stream, describe, self._shapes, budget_cell=budget
+            snapshot, running, stream, describe, self._shapes, budget_cell=budget, moved=moved
         )
-        if not snapshot.pending or wake == math.inf:
-            return decision
-        return replace(decision, wake_at=wake)
+        return self._with_wake(decision, snapshot, wake, moved)
