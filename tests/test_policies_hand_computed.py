@@ -8,11 +8,16 @@ The trace, on one node with two GPUs:
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
+
 import pytest
 
+from libs.core.decision import Decision, Resize
+from libs.core.snapshot import Snapshot
 from services.scheduler.policies import make_policy
+from services.scheduler.policies.base import Policy, QueueSort
 from services.scheduler.policies.preemptive import Tiresias
-from services.scheduler.simulator import SimConfig, simulate
+from services.scheduler.simulator import PolicyViolation, SimConfig, simulate
 from tests.builders import TablePerf, cluster, job
 
 TRACE = [job("j1", 0, 100), job("j2", 0, 50), job("j3", 10, 10, gpus=2), job("j4", 20, 5)]
@@ -86,3 +91,57 @@ def test_a_job_whose_memory_never_fits_is_unschedulable_with_the_numbers():
     (outcome,) = result.jobs
     assert outcome.state == "unschedulable"
     assert "MiB per GPU" in outcome.reason and "16000 MiB" in outcome.reason
+
+
+def test_tiresias_runs_a_promoted_job_in_the_top_queue_until_it_earns_a_threshold_again():
+    # one GPU, threshold 10 GPU-s, promotion after waiting as long as the job has run,
+    # no restore overhead. t=10: A (10 s run) sinks, B (queue 0) evicts it. t=20: B sinks
+    # and A, waiting 10 s, is promoted and evicts B. A's run counts from its promotion:
+    # it stays in queue 0 to t=30, when B (waited 10 s) is promoted and evicts it. B sinks
+    # at t=40 but stays ahead of A, both in queue 1, because running jobs come first in a
+    # queue; it finishes at t=50 and A at t=60.
+    policy = Tiresias(thresholds_gpu_s=(10.0,), promote_knob=1.0, min_wait_s=0.0)
+    trace = [job("A", 0, 30), job("B", 5, 30)]
+    result = simulate(cluster(1, 1), trace, policy, TablePerf(),
+                      config=SimConfig(restart_overhead_s=0.0))
+    assert {o.job_id: o.finish_time for o in result.jobs} == pytest.approx({"A": 60, "B": 50})
+    assert result.preemptions == 3
+
+
+@dataclass
+class ResizeAt:
+    """FIFO, plus one resize of a running job at the first decision from ``at`` on."""
+
+    resize: Resize
+    at: float
+    inner: Policy = field(default_factory=lambda: make_policy("fifo"))
+    name: str = "fifo+resize"
+    preemptive: bool = False
+    queue_sort: QueueSort | None = None
+    sent: bool = False
+
+    def decide(self, snapshot: Snapshot) -> Decision:
+        decision = self.inner.decide(snapshot)
+        if not self.sent and snapshot.now >= self.at:
+            self.sent = True
+            return replace(decision, resizes=(self.resize,))
+        return decision
+
+
+def test_a_resized_job_keeps_its_remaining_iterations_and_pays_the_restart_overhead():
+    # j runs 100 iterations of 1 s on GPU 0; at t=20 (the arrival of k, which FIFO puts
+    # on GPU 1) it moves to GPUs 2-3 with 4 accumulation steps, which makes an iteration
+    # 4 ** 0.5 = 2 s: 30 s of restore, then 80 iterations of 2 s, so it ends at t=210
+    perf = TablePerf(accum_exponent=0.5)
+    policy = ResizeAt(Resize("j", (2, 3), batch_size=64, accum_steps=4), at=20.0)
+    trace = [job("j", 0, 100), job("k", 20, 10)]
+    result = simulate(cluster(1, 4), trace, policy, perf,
+                      config=SimConfig(restart_overhead_s=30.0))
+    assert {o.job_id: o.finish_time for o in result.jobs} == pytest.approx({"j": 210, "k": 30})
+    assert (result.resizes, result.preemptions) == (1, 0)
+
+
+def test_resizing_a_job_that_is_not_running_is_a_policy_violation():
+    policy = ResizeAt(Resize("late", (0,), batch_size=32), at=0.0)
+    with pytest.raises(PolicyViolation, match="resized late, which is not running"):
+        simulate(cluster(1, 1), [job("late", 0, 10)], policy, TablePerf())

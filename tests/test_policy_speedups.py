@@ -110,7 +110,8 @@ def reference(policy: Srtf | Tiresias, snap: Snapshot) -> Decision:
         )
     return reference_decide_by_rank(
         snap,
-        lambda j: (policy.queue_of(j, now), j.submit_time, j.job_id),
+        # running jobs first within a queue
+        lambda j: (policy.queue_of(j, now), 0 if j.running else 1, j.submit_time, j.job_id),
         lambda j: f"priority queue {policy.queue_of(j, now)}",
     )
 
@@ -503,13 +504,16 @@ def test_shape_terms_shared_across_groups_pair_as_plain_pairing_does(snap: Snaps
 @SETTINGS
 @given(rows=job_rows_varied, nodes=st.integers(1, 2))
 def test_running_jobs_ranked_across_decisions_change_no_outcome(rows, nodes: int):
-    # thresholds low enough that running jobs change queue while they run
-    def make() -> Tiresias:
-        return Tiresias(thresholds_gpu_s=(20.0, 90.0, 400.0), min_wait_s=30.0)
+    # thresholds low enough that running jobs change queue while they run, and (second)
+    # promotions quick enough that promoted runs, placed by their own service, are common
+    for knobs in ({"min_wait_s": 30.0}, {"min_wait_s": 5.0, "promote_knob": 1.0}):
 
-    got = outcomes(make(), rows, nodes)
-    with flag(preemptive, "KEEP_RUNNING_RANKS", False):
-        assert got == outcomes(make(), rows, nodes)
+        def make() -> Tiresias:
+            return Tiresias(thresholds_gpu_s=(20.0, 90.0, 400.0), **knobs)  # noqa: B023
+
+        got = outcomes(make(), rows, nodes)
+        with flag(preemptive, "KEEP_RUNNING_RANKS", False):
+            assert got == outcomes(make(), rows, nodes), knobs
 
 
 @st.composite

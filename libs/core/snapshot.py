@@ -47,8 +47,11 @@ class JobView:
     #: running only: exclusive seconds of work done per wall second (1/slowdown; 0 while
     #: restoring a checkpoint)
     progress_rate: float = 0.0
-    #: pending only: when the job last entered the queue (submission or preemption)
+    #: when the job last entered the queue (submission or preemption); for a running job,
+    #: the wait that ended with its current run
     queued_since: float = 0.0
+    #: running only: when its current run began
+    started_at: float = 0.0
     preemptions: int = 0
 
     @property

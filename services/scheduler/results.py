@@ -68,6 +68,8 @@ class SimResult:
     wall_s: float
     decisions: int
     timeline: tuple[TimelinePoint, ...]
+    #: running jobs restarted with a new shape (each also paid the restart overhead)
+    resizes: int = 0
 
     def finished(self) -> list[JobOutcome]:
         return [j for j in self.jobs if j.state == FINISHED]

@@ -14,10 +14,10 @@ import math
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from libs.core.cluster import Cluster
-from libs.core.decision import Decision, Start
+from libs.core.decision import Decision, Resize, Start
 from libs.core.jobs import JobSpec
 from libs.core.perf import PerformanceModel
 from libs.core.snapshot import JobState, JobView, Snapshot
@@ -74,6 +74,7 @@ class SimJob:
         "remaining",
         "shared",
         "spec",
+        "started_at",
         "state",
         "version",
         "view",
@@ -93,6 +94,7 @@ class SimJob:
         self.last_settle = 0.0
         self.attained = 0.0
         self.queued_since = spec.submit_time
+        self.started_at = 0.0
         self.queue_total = 0.0
         self.first_start: float | None = None
         self.finish_time: float | None = None
@@ -173,6 +175,7 @@ class Simulator:
         self.wake_version = 0
         self.decisions = 0
         self.preemptions = 0
+        self.resizes = 0
         self.shared_pairs = 0
         self.done = 0
         self.last_decision: Decision | None = None
@@ -287,6 +290,7 @@ class Simulator:
             gpu_ids=job.gpu_ids,
             accum_steps=job.accum,
             progress_rate=job.est_iter / job.iter_time,
+            started_at=job.started_at,
         )
 
     def _settle(self, job: SimJob) -> None:
@@ -398,6 +402,8 @@ class Simulator:
         self.last_decision = decision
         for preempt in decision.preemptions:
             self._preempt(preempt.job_id)
+        for resize in decision.resizes:
+            self._resize(resize)
         for start in decision.starts:
             self._start(start)
         if decision.wake_at is not None and decision.wake_at > now:
@@ -419,6 +425,38 @@ class Simulator:
         for other in partners:
             self._settle(other)
             self._retime(other)
+
+    def _resize(self, resize: Resize) -> None:
+        """Restart a running job from its checkpoint with a new batch and GPUs: it keeps
+        its remaining iterations and pays the restart overhead, as after a preemption."""
+        job = self.jobs.get(resize.job_id)
+        if job is None or job.state != "running":
+            raise PolicyViolation(
+                f"{self.policy.name} resized {resize.job_id}, which is not running"
+            )
+        if resize.batch_size < 1 or not resize.gpu_ids:
+            raise PolicyViolation(
+                f"{self.policy.name} resized {resize.job_id} to batch {resize.batch_size} on "
+                f"GPUs {resize.gpu_ids}"
+            )
+        self._settle(job)
+        partners = self._release(job)
+        spec = replace(job.spec, batch_size=resize.batch_size, gpus=len(resize.gpu_ids))
+        nodes = -(-spec.gpus // self.cluster.max_gpus_per_node)
+        job.spec = spec
+        job.est_iter = self.estimates.iteration_time(spec.model, spec.batch_size, spec.gpus, nodes)
+        job.exclusive_iter = self.truth.iteration_time(
+            spec.model, spec.batch_size, spec.gpus, nodes
+        )
+        job.state = "pending"
+        job.overhead_left = self.config.restart_overhead_s
+        job.queued_since = self.clock
+        self.resizes += 1
+        self._enqueue(self._pending_view(job))
+        for other in partners:
+            self._settle(other)
+            self._retime(other)
+        self._start(Start(resize.job_id, resize.gpu_ids, resize.accum_steps))
 
     def _start(self, start: Start) -> None:
         job = self.jobs.get(start.job_id)
@@ -460,6 +498,7 @@ class Simulator:
         job.accum = start.accum_steps
         job.mem_mb = mem
         job.last_settle = self.clock
+        job.started_at = self.clock
         job.queue_total += self.clock - job.queued_since
         if job.first_start is None:
             job.first_start = self.clock
@@ -527,6 +566,7 @@ class Simulator:
             makespan_s=makespan,
             gpu_util=util,
             preemptions=self.preemptions,
+            resizes=self.resizes,
             shared_pairs=self.shared_pairs,
             wall_s=wall_s,
             decisions=self.decisions,

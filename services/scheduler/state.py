@@ -243,6 +243,8 @@ def build_snapshot(
                     accum_steps=record.accum_steps,
                     # a stopping job finishes nothing more; one being started not yet
                     progress_rate=1.0 if job.phase == Phase.RUNNING else 0.0,
+                    queued_since=job.queued_since,
+                    started_at=job.running_since,
                 )
             )
         elif job.not_before <= now and not record.state.terminal:

@@ -46,6 +46,14 @@ _job_id = attrgetter("job_id")
 Ranked = tuple[tuple, JobView]
 
 
+@dataclass
+class Moved:
+    """The jobs a decision starts and preempts, as the policy saw them."""
+
+    started: list[JobView] = field(default_factory=list)
+    preempted: list[JobView] = field(default_factory=list)
+
+
 def decide_by_rank(
     snapshot: Snapshot,
     running: list[Ranked],
@@ -55,6 +63,7 @@ def decide_by_rank(
     budget_cell: list[int] | None = None,
     run_keys: list[tuple] | None = None,
     run_gpus: list[int] | None = None,
+    moved: Moved | None = None,
 ) -> Decision:
     """Hand GPUs out in rank order; ``running`` and ``pending`` each come in ascending rank.
 
@@ -63,6 +72,7 @@ def decide_by_rank(
     out jobs larger than the budget it reads from ``budget_cell[0]`` (kept up to date
     here before each job is asked for). ``run_keys`` and ``run_gpus``, if given, are the
     keys and GPU counts of ``running`` (a caller that keeps them need not list them).
+    ``moved``, when given, receives the views of the jobs started and of those preempted.
     """
     cell = budget_cell if budget_cell is not None else [0]
     shapes = shapes or ShapeCache()
@@ -115,7 +125,8 @@ def decide_by_rank(
     preemptions: list[Preempt] = []
     if winners:
         _place_winners(
-            snapshot, winners, losers_running, describe, shapes, starts, preemptions, explicit
+            snapshot, winners, losers_running, describe, shapes, starts, preemptions, explicit,
+            moved,
         )
     won = {job.job_id for job in winners}
     bad_by_shape: dict[tuple[str, int, int], str | None] = {}
@@ -148,6 +159,7 @@ def _place_winners(
     starts: list[Start],
     preemptions: list[Preempt],
     explicit: dict[str, str],
+    moved: Moved | None = None,
 ) -> None:
     """Place the queued winners in rank order, evicting the lowest-ranked losers as needed."""
     free = FreeGpus(snapshot)
@@ -158,11 +170,15 @@ def _place_winners(
             victim = losers_running.pop()  # lowest rank goes first
             preemptions.append(Preempt(victim.job_id, f"preempted for {job.job_id}"))
             free.give_back(victim.gpu_ids, node_of)
+            if moved is not None:
+                moved.preempted.append(victim)
             start = place_exclusive(job, free, snapshot, shapes)
         if start is None:
             explicit[job.job_id] = f"{describe(job)}; {no_room_reason(job, free)}"
         else:
             starts.append(start)
+            if moved is not None:
+                moved.started.append(job)
 
 
 def pending_remaining(job: JobView) -> float:
@@ -187,6 +203,11 @@ def srtf_key(job: JobView) -> tuple[float, float, str]:
 
 
 SRTF_ORDER = QueueSort("oracle-remaining", srtf_key)
+
+#: within a Tiresias queue, running jobs rank before queued ones
+RUNNING_FIRST, QUEUED_AFTER = 0, 1
+#: a run that began this close to its promotion time began as a promotion (float slack)
+PROMOTION_SLACK_S = 1e-6
 
 
 @dataclass(frozen=True)
@@ -223,8 +244,10 @@ _CROSS_SLACK_S = 1e-3
 class RunningRanks:
     """Running jobs in Tiresias rank order, kept across decisions.
 
-    A running job's rank is (queue, submit time, id), and its queue changes only when
-    its attained service crosses a threshold, at a time known from its view. So instead
+    A running job's rank is (queue, running first, submit time, id), and its queue
+    changes only when the service that places it (``base_of``: that service as of the
+    view, growing by its GPUs each second) crosses a threshold, at a time known from its
+    view. So instead
     of ranking every running job at every decision, this keeps the ranked list of the
     last decision, drops the views that are gone, ranks the new ones, and re-ranks only
     the jobs whose next crossing is due (a heap by crossing time). The ranks, and the
@@ -233,8 +256,11 @@ class RunningRanks:
     A driver that makes new views every round simply gets every job ranked anew.
     """
 
-    def __init__(self, thresholds: tuple[float, ...]) -> None:
+    def __init__(
+        self, thresholds: tuple[float, ...], base_of: Callable[[JobView], float]
+    ) -> None:
         self.thresholds = thresholds
+        self._base_of = base_of
         self._reset()
 
     def _reset(self) -> None:
@@ -250,13 +276,14 @@ class RunningRanks:
         self._now = -math.inf
 
     def _rank(self, j: JobView, now: float) -> tuple:
-        attained = j.attained_gpu_s + (now - j.as_of) * j.gpus
-        q = bisect_right(self.thresholds, attained)
+        base = self._base_of(j)
+        service = base + (now - j.as_of) * j.gpus
+        q = bisect_right(self.thresholds, service)
         if q < len(self.thresholds):
-            at = j.as_of + (self.thresholds[q] - j.attained_gpu_s) / j.gpus
+            at = j.as_of + (self.thresholds[q] - base) / j.gpus
             self._seq += 1
             heapq.heappush(self._crossings, (at, j.job_id, self._seq, j))
-        return (q, j.submit_time, j.job_id)
+        return (q, RUNNING_FIRST, j.submit_time, j.job_id)
 
     def _insert(self, key: tuple, j: JobView) -> None:
         i = bisect_left(self.keys, key)
@@ -322,10 +349,10 @@ class RunningRanks:
                 if views.get(item[1]) is not j:
                     continue
                 near.append(item)
-                attained = j.attained_gpu_s + (now - j.as_of) * j.gpus
-                q = bisect_right(self.thresholds, attained)
+                service = self._base_of(j) + (now - j.as_of) * j.gpus
+                q = bisect_right(self.thresholds, service)
                 if q < len(self.thresholds):
-                    drop = now + (self.thresholds[q] - attained) / j.gpus
+                    drop = now + (self.thresholds[q] - service) / j.gpus
                     if drop < wake:
                         wake = drop
             for item in near:
@@ -341,9 +368,17 @@ class Tiresias:
     """Discretised two-dimensional least-attained-service (Tiresias 2D-LAS).
 
     Queue ``i`` holds jobs whose attained GPU-seconds lie between thresholds ``i-1`` and
-    ``i``; lower queues win, FIFO within a queue. A queued job that has waited more than
-    ``promote_knob`` times its executed time (and at least ``min_wait_s``) is promoted
-    to the top queue so that nothing starves.
+    ``i``; lower queues win. Within a queue running jobs come first, then queued jobs in
+    submission order, so a job is never preempted by one of its own queue (as in the
+    Tiresias simulator, which moves a queue's pending jobs behind its running ones).
+
+    A queued job that has waited more than ``promote_knob`` times its executed time (and
+    at least ``min_wait_s``) is promoted to the top queue so that nothing starves. As in
+    the Tiresias simulator, promotion restarts the count of service that decides the
+    queue: a run that began as a promotion is placed by the service of that run alone,
+    so it sinks again only after earning another threshold's worth. (The simulator also
+    keeps that count after a later preemption; here a queued job is placed by all the
+    service it ever had, so a promoted job preempted again waits in its old queue.)
     """
 
     thresholds_gpu_s: tuple[float, ...] = (3_600.0, 36_000.0)
@@ -363,7 +398,7 @@ class Tiresias:
         if self.promote_knob <= 0:
             raise ValueError("tiresias promote_knob must be > 0")
         thresholds = self.thresholds_gpu_s
-        object.__setattr__(self, "_ranks", RunningRanks(thresholds))
+        object.__setattr__(self, "_ranks", RunningRanks(thresholds, self._service_as_of))
 
         def base_key(job: JobView) -> tuple[int, float, str]:
             return (bisect_right(thresholds, job.attained_gpu_s), job.submit_time, job.job_id)
@@ -395,13 +430,32 @@ class Tiresias:
         wake-up without a scan, and reads only queued jobs that still fit the GPUs left."""
         return (self._promote_sort, self._size_sort)
 
+    def _promoted_run(self, job: JobView) -> bool:
+        """Whether a running job's current run began because its wait promoted it."""
+        before = job.attained_gpu_s - (job.as_of - job.started_at) * job.gpus
+        if before <= PROMOTION_SLACK_S * job.gpus:
+            return False
+        wait = max(self.min_wait_s, self.promote_knob * before / job.gpus)
+        return job.started_at >= job.queued_since + wait - PROMOTION_SLACK_S
+
+    def _service_as_of(self, job: JobView) -> float:
+        """The service that places a running job in a queue, as of its view."""
+        if self._promoted_run(job):
+            return (job.as_of - job.started_at) * job.gpus
+        return job.attained_gpu_s
+
+    def _running_service(self, job: JobView, now: float) -> float:
+        return self._service_as_of(job) + (now - job.as_of) * job.gpus
+
     def _promote_value(self, job: JobView) -> float:
         return self._promote_at(job) if job.attained_gpu_s > 0 else math.inf
 
     def queue_of(self, job: JobView, now: float) -> int:
-        if not job.running and self._starving(job, now):
+        if job.running:
+            return bisect_right(self.thresholds_gpu_s, self._running_service(job, now))
+        if self._starving(job, now):
             return 0
-        return bisect_right(self.thresholds_gpu_s, job.attained_at(now))
+        return bisect_right(self.thresholds_gpu_s, job.attained_gpu_s)
 
     def _promote_at(self, job: JobView) -> float:
         executed = job.attained_gpu_s / job.gpus
@@ -428,17 +482,40 @@ class Tiresias:
                     q = 0
                 else:
                     wake = min(wake, promote_at)
-            pending.append(((q, j.submit_time, j.job_id), j))
+            pending.append(((q, QUEUED_AFTER, j.submit_time, j.job_id), j))
         pending.sort()  # nearly sorted when the driver keeps the queue_sort order
 
         def describe(job: JobView) -> str:
             return f"priority queue {self.queue_of(job, now)}"
 
+        moved = Moved()
         decision = decide_by_rank(
-            snapshot, running, pending, describe, self._shapes, None, *self._kept(running)
+            snapshot, running, pending, describe, self._shapes, None, *self._kept(running),
+            moved=moved,
         )
-        if not snapshot.pending or wake == math.inf:
-            return decision  # queue changes matter only when someone is waiting
+        return self._with_wake(decision, snapshot, wake, moved)
+
+    def _with_wake(
+        self, decision: Decision, snapshot: Snapshot, wake: float, moved: Moved
+    ) -> Decision:
+        """Add the times at which the decision's own moves change a queue: a started job
+        sinking, a preempted one being promoted. Queue changes matter only while someone
+        waits."""
+        now = snapshot.now
+        thresholds = self.thresholds_gpu_s
+        for job in moved.started:
+            service = 0.0 if self._starving(job, now) else job.attained_gpu_s
+            q = bisect_right(thresholds, service)
+            if q < len(thresholds):
+                wake = min(wake, now + (thresholds[q] - service) / job.gpus)
+        for job in moved.preempted:
+            attained = job.attained_at(now)
+            if attained > 0:
+                executed = attained / job.gpus
+                wake = min(wake, now + max(self.min_wait_s, self.promote_knob * executed))
+        waiting = len(snapshot.pending) - len(moved.started) + len(moved.preempted)
+        if waiting <= 0 or wake == math.inf:
+            return decision
         return replace(decision, wake_at=wake)
 
     def _rank_running(self, snapshot: Snapshot) -> tuple[list[Ranked], float]:
@@ -452,11 +529,11 @@ class Tiresias:
         running: list[Ranked] = []
         levels = len(thresholds)
         for j in snapshot.running:
-            attained = j.attained_gpu_s + (now - j.as_of) * j.gpus
-            q = bisect_right(thresholds, attained)
-            running.append(((q, j.submit_time, j.job_id), j))
+            service = self._running_service(j, now)
+            q = bisect_right(thresholds, service)
+            running.append(((q, RUNNING_FIRST, j.submit_time, j.job_id), j))
             if q < levels:  # when it next drops a queue
-                drop = now + (thresholds[q] - attained) / j.gpus
+                drop = now + (thresholds[q] - service) / j.gpus
                 if drop < wake:
                     wake = drop
         running.sort()
@@ -486,7 +563,7 @@ class Tiresias:
         # promoted from a lower queue (jobs of queue 0 are there already)
         first = thresholds[0] if thresholds else math.inf
         promoted = sorted(
-            ((0, j.submit_time, j.job_id), j)
+            ((0, QUEUED_AFTER, j.submit_time, j.job_id), j)
             for j in by_promotion[:cut]
             if j.attained_gpu_s >= first
         )
@@ -501,7 +578,7 @@ class Tiresias:
                 q = bisect_right(thresholds, j.attained_gpu_s)
                 if q and j.job_id in lifted:
                     continue
-                key = (q, j.submit_time, j.job_id)
+                key = (q, QUEUED_AFTER, j.submit_time, j.job_id)
                 while pi < len(promoted) and promoted[pi][0] < key:
                     yield promoted[pi]
                     pi += 1
@@ -544,7 +621,7 @@ class Tiresias:
                 j = queue[pos]
                 q = bisect_right(thresholds, j.attained_gpu_s)
                 if not (q and j.job_id in lifted):
-                    item = ((q, j.submit_time, j.job_id), size, pos, end)
+                    item = ((q, QUEUED_AFTER, j.submit_time, j.job_id), size, pos, end)
                     if heap:
                         heapq.heappush(heads, item)
                     else:
@@ -556,9 +633,9 @@ class Tiresias:
             return f"priority queue {self.queue_of(job, now)}"
 
         stream = in_rank_order() if by_size is None else fitting_in_rank_order(by_size)
+        moved = Moved()
         decision = decide_by_rank(
-            snapshot, running, stream, describe, self._shapes, budget, *self._kept(running)
+            snapshot, running, stream, describe, self._shapes, budget, *self._kept(running),
+            moved=moved,
         )
-        if not snapshot.pending or wake == math.inf:
-            return decision
-        return replace(decision, wake_at=wake)
+        return self._with_wake(decision, snapshot, wake, moved)
