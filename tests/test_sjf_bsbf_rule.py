@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from services.scheduler.policies import make_policy
 from services.scheduler.policies.sjf_bsbf import (
     BenefitWindow,
+    SlotGroup,
     SjfBsbf,
     t_concurrent,
     t_sequential,
@@ -114,3 +115,24 @@ def test_every_pending_job_gets_a_readable_reason():
     assert decision.starts == ()
     for job_id in ("a", "b", "c"):
         assert "GPU" in decision.why(job_id)
+
+
+@given(
+    e_a=st.floats(min_value=1.0, max_value=1e4),
+    x_a=slowdowns,
+    x_b=slowdowns,
+    stretch=st.sampled_from([1.0, 1.1, 1.5, 2.0, 4.0]),
+    residents=st.lists(st.floats(min_value=0.01, max_value=1e5), min_size=1, max_size=12),
+)
+def test_a_group_offers_exactly_the_residents_sharing_with_pays(
+    e_a, x_a, x_b, stretch, residents
+):
+    window = BenefitWindow.of(e_a, e_a * stretch, x_a, x_b)
+    group = SlotGroup(key=("m",), resident=None, mem_used_mb=0.0, gpu_mem_mb=1)  # type: ignore[arg-type]
+    group.remaining = sorted(residents)
+    offered = set(group.indices(window))
+    for i, e_b in enumerate(group.remaining):
+        t_con = t_concurrent(e_a * stretch, e_b, x_a, x_b)
+        t_seq = t_sequential(e_a, e_b)
+        if abs(t_con - t_seq) > 1e-9 * (e_a + e_b) * stretch * x_a * x_b:
+            assert (i in offered) == (t_con < t_seq), (e_b, window)

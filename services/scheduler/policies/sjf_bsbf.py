@@ -84,7 +84,9 @@ class BenefitWindow:
         # at c1 >= 1 sharing never pays in the branch where B finishes first
         low1 = (e_a_shared - e_a_alone) / (2 * (1 - c1)) if c1 < 1 else math.inf
         low2 = max(split, 2 * (1 - 1 / (2 * x_b)) * x_a * e_a_shared - e_a_alone)
-        return cls(low1=low1, high1=split, low2=low2)
+        # an empty first interval is (split, split]: a scan that starts after low1 then
+        # still reaches the second interval, which does not depend on the first
+        return cls(low1=min(low1, split), high1=split, low2=low2)
 
 
 @dataclass(slots=True)
