@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from services.scheduler.policies import make_policy
 from services.scheduler.policies.sjf_bsbf import (
     BenefitWindow,
-    SlotGroup,
     SjfBsbf,
+    SlotGroup,
     t_concurrent,
     t_sequential,
 )
