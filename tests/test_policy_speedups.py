@@ -579,3 +579,23 @@ def test_a_remembered_job_tried_against_new_slots_decides_as_a_fresh_policy(
     assert got.wake_at == want.wake_at
     for j in after.pending:
         assert got.why(j.job_id) == want.why(j.job_id)
+
+
+
+SLOW = st.floats(1, 4)
+
+
+@SETTINGS
+@given(
+    shapes=st.lists(st.tuples(SLOW, SLOW, st.floats(1, 3)), min_size=1, max_size=5),
+    e_a=st.floats(1e-9, 1e6),
+    e_b=st.floats(0, 1e6),
+)
+def test_a_groups_coefficient_bound_lies_below_every_pairings_t_con(
+    shapes: list[tuple[float, float, float]], e_a: float, e_b: float
+):
+    pairings = tuple(sjf_bsbf.Pairing.make(k, *shape) for k, shape in enumerate(shapes, 1))
+    a1, b1, a2 = sjf_bsbf.bound_coefficients(pairings)
+    bound = sjf_bsbf._TIGHT_SCALE * min(a1 * e_a + b1 * e_b, a2 * e_a + 0.5 * e_b)
+    t_cons = [sjf_bsbf.t_concurrent(e_a * p.stretch, e_b, p.x_a, p.x_b) for p in pairings]
+    assert bound <= min(t_cons)

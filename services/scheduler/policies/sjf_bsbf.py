@@ -244,6 +244,10 @@ class Pairing:
     c_low2: float
     #: the window has a gap that a shrinking E_b can cross into (see BenefitWindow)
     gap: bool
+    #: t_con's two lines, ``half_s E_a + line1 E_b`` and ``line2 E_a + E_b / 2``
+    half_s: float
+    line1: float
+    line2: float
 
     @classmethod
     def of(cls, accum: int, terms: Terms) -> Pairing:
@@ -253,7 +257,19 @@ class Pairing:
     def make(cls, accum: int, x_a: float, x_b: float, stretch: float) -> Pairing:
         unit = BenefitWindow.of(1.0, stretch, x_a, x_b)
         low1, high1, low2 = unit.low1, unit.high1, unit.low2
-        return cls(accum, x_a, x_b, stretch, low1, high1, low2, low1 < high1 < low2)
+        return cls(
+            accum,
+            x_a,
+            x_b,
+            stretch,
+            low1,
+            high1,
+            low2,
+            low1 < high1 < low2,
+            0.5 * stretch,
+            (1 - 1 / (2 * x_a)) * x_b,
+            (1 - 1 / (2 * x_b)) * x_a * stretch,
+        )
 
     def window(self, e_alone: float) -> BenefitWindow:
         return BenefitWindow(e_alone * self.c_low1, e_alone * self.c_high1, e_alone * self.c_low2)
@@ -284,6 +300,11 @@ class SjfBsbf:
     #: the pairings of ``_pairings`` whose benefit window has a gap
     _gaps: dict[tuple, tuple[Pairing, ...]] = field(default_factory=dict, compare=False, repr=False)
     _made: dict[tuple[int, float, float, float], Pairing] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    #: per key of ``_pairings`` with some pairing, the coefficients of its bound (see
+    #: ``bound_coefficients``)
+    _coefs: dict[tuple, tuple[float, float, float]] = field(
         default_factory=dict, compare=False, repr=False
     )
     _shapes: ShapeCache = field(default_factory=ShapeCache, compare=False, repr=False)
@@ -415,6 +436,8 @@ class SjfBsbf:
                 terms = self._terms[shape] = shape_terms(job, snapshot)
             pairings = self._pairings[key] = pair(job, group, snapshot, terms, self._made)
             self._gaps[key] = tuple(p for p in pairings if p.gap)
+            if pairings:
+                self._coefs[key] = bound_coefficients(pairings)
         return pairings
 
     def _search(
@@ -527,25 +550,21 @@ class SjfBsbf:
             e_alone = 1e-9
         shape = (job.model, job.batch_size, job.gpus)
         known = self._pairings
+        coefs = self._coefs
         order: list[tuple[float, int]] = []
         for gi, group in enumerate(groups):
             rem = group.remaining
             if not rem:
                 continue
-            pairings = known.get((shape, group.key))
-            if pairings is None:
-                order.append(((e_alone + rem[0]) * _BOUND_SCALE, gi))
-            elif pairings:
+            key = (shape, group.key)
+            c = coefs.get(key)
+            if c is not None:  # t_con grows with E_b: the smallest E_b bounds the group
                 e_b = rem[0]
-                order.append(
-                    (
-                        _TIGHT_SCALE
-                        * min(
-                            t_concurrent(e_alone * p.stretch, e_b, p.x_a, p.x_b) for p in pairings
-                        ),
-                        gi,
-                    )
-                )
+                one = c[0] * e_alone + c[1] * e_b
+                two = c[2] * e_alone + 0.5 * e_b
+                order.append((_TIGHT_SCALE * (one if one < two else two), gi))
+            elif key not in known:
+                order.append(((e_alone + rem[0]) * _BOUND_SCALE, gi))
         order.sort()
         best: tuple[float, int, int, int] | None = None
         benefit = self.benefit_test
@@ -666,19 +685,21 @@ class SjfBsbf:
         retry = gpus > 1  # one GPU: a slot failing at a window edge rules out its pairing
         shape = (job.model, job.batch_size, job.gpus)
         known = self._pairings
+        coefs = self._coefs
         heap: list[tuple[float, int, int, int, int]] = []
         for gi, group in enumerate(groups):
             rem = group.remaining
             if not rem:
                 continue
-            pairings = known.get((shape, group.key))
-            if pairings is None:  # not paired yet: a bound that needs no pairing
-                bound = (e_alone + rem[0]) * _BOUND_SCALE
-            elif pairings:  # t_con grows with E_b: the smallest E_b bounds the group
+            key = (shape, group.key)
+            c = coefs.get(key)
+            if c is not None:  # t_con grows with E_b: the smallest E_b bounds the group
                 e_b = rem[0]
-                bound = _TIGHT_SCALE * min(
-                    t_concurrent(e_alone * p.stretch, e_b, p.x_a, p.x_b) for p in pairings
-                )
+                one = c[0] * e_alone + c[1] * e_b
+                two = c[2] * e_alone + 0.5 * e_b
+                bound = _TIGHT_SCALE * (one if one < two else two)
+            elif key not in known:  # not paired yet: a bound that needs no pairing
+                bound = (e_alone + rem[0]) * _BOUND_SCALE
             else:
                 continue  # nothing of this job fits beside these residents
             heap.append((bound, 0, gi, 0, 0))
@@ -782,22 +803,24 @@ def pair(
     (slowdown of A, slowdown of B, and A's accumulation stretch). ``terms`` (the job
     shape's, see ``shape_terms``) and ``made`` (pairings already built, by their numbers)
     may be kept by the caller across groups."""
-    est = snapshot.estimates
+    slowdown = snapshot.estimates.colocation_slowdown
     b = group.resident
     model, batch, gpus = job.model, job.batch_size, job.gpus
+    b_model, b_batch, b_gpus, b_accum = b.model, b.batch_size, b.gpus, b.accum_steps
     if terms is None:
         terms = shape_terms(job, snapshot)
     fitting: list[tuple[float, float, float, int]] = []
     for k, mem, stretch in terms:
         if not mem + group.mem_used_mb <= group.gpu_mem_mb:
             continue
-        x_a = est.colocation_slowdown(
-            model, batch, gpus, k, b.model, b.batch_size, b.gpus, b.accum_steps
+        fitting.append(
+            (
+                slowdown(model, batch, gpus, k, b_model, b_batch, b_gpus, b_accum),
+                slowdown(b_model, b_batch, b_gpus, b_accum, model, batch, gpus, k),
+                stretch,
+                k,
+            )
         )
-        x_b = est.colocation_slowdown(
-            b.model, b.batch_size, b.gpus, b.accum_steps, model, batch, gpus, k
-        )
-        fitting.append((x_a, x_b, stretch, k))
     kept: list[Pairing] = []
     for i, (x_a, x_b, stretch, k) in enumerate(fitting):
         dominated = False
@@ -807,7 +830,7 @@ def pair(
                 and o_a <= x_a
                 and o_b <= x_b
                 and o_s <= stretch
-                and (o_a, o_b, o_s) != (x_a, x_b, stretch)
+                and (o_a != x_a or o_b != x_b or o_s != stretch)
             ):
                 dominated = True
                 break
@@ -821,6 +844,25 @@ def pair(
                 pairing = made[key] = Pairing.make(k, x_a, x_b, stretch)
             kept.append(pairing)
     return tuple(kept)
+
+
+def bound_coefficients(pairings: tuple[Pairing, ...]) -> tuple[float, float, float]:
+    """(a1, b1, a2) such that, for E_a, E_b >= 0, ``min(a1 E_a + b1 E_b, a2 E_a + E_b / 2)``
+    is at most the t_con of every pairing (A's time alone E_a, B's remaining E_b).
+
+    t_con is one of two lines, ``s E_a / 2 + (1 - 1/(2 x_a)) x_b E_b`` (B finishes first)
+    and ``E_b / 2 + (1 - 1/(2 x_b)) x_a s E_a``, so it is at least the lesser of them; and
+    each line is at least the one built from the least coefficients over the pairings."""
+    first = pairings[0]
+    a1, b1, a2 = first.half_s, first.line1, first.line2
+    for p in pairings:
+        if p.half_s < a1:
+            a1 = p.half_s
+        if p.line1 < b1:
+            b1 = p.line1
+        if p.line2 < a2:
+            a2 = p.line2
+    return a1, b1, a2
 
 
 def _wake_time(group: SlotGroup, window: BenefitWindow, now: float) -> float:
