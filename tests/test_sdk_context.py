@@ -86,6 +86,17 @@ def test_the_environment_of_a_job_is_read_into_typed_fields(tmp_path: Path) -> N
     assert ctx.checkpoint_path == tmp_path / "checkpoints" / "checkpoint.pt"
     assert ctx.checkpoint_every == 50
     assert ctx.progress_file == tmp_path / "progress.jsonl"
+    # a job on one node: no rendezvous, its ranks are its GPUs
+    assert (ctx.rendezvous, ctx.first_rank, ctx.world_size) == ("", 0, 0)
+
+
+def test_the_ranks_of_a_job_across_nodes_are_read_from_the_environment(tmp_path: Path) -> None:
+    ctx = JobContext.from_env(managed_env(
+        tmp_path, GPUSCHED_RENDEZVOUS="tcp://node-a:29500", GPUSCHED_FIRST_RANK="2",
+        GPUSCHED_WORLD_SIZE="4",
+    ))
+
+    assert (ctx.rendezvous, ctx.first_rank, ctx.world_size) == ("tcp://node-a:29500", 2, 4)
 
 
 @pytest.mark.parametrize("variable", REQUIRED_UNDER_GPUSCHED[1:])
@@ -113,6 +124,8 @@ def test_a_missing_variable_under_gpusched_is_named(tmp_path: Path, variable: st
         ("GPUSCHED_CHECKPOINT_EVERY", "0"),
         ("GPUSCHED_MODEL", " "),
         ("GPUSCHED_PROGRESS_FILE", ""),
+        ("GPUSCHED_FIRST_RANK", "-2"),
+        ("GPUSCHED_WORLD_SIZE", "four"),
     ],
 )
 def test_an_invalid_variable_is_named(tmp_path: Path, variable: str, value: str) -> None:

@@ -39,11 +39,16 @@ START_ITERATION = "GPUSCHED_START_ITERATION"
 CHECKPOINT_DIR = "GPUSCHED_CHECKPOINT_DIR"
 CHECKPOINT_EVERY = "GPUSCHED_CHECKPOINT_EVERY"
 PROGRESS_FILE = "GPUSCHED_PROGRESS_FILE"
+#: a job across nodes: where its ranks meet, this node's first rank, all ranks of the job
+RENDEZVOUS = "GPUSCHED_RENDEZVOUS"
+FIRST_RANK = "GPUSCHED_FIRST_RANK"
+WORLD_SIZE = "GPUSCHED_WORLD_SIZE"
 
 #: every variable the node agent sets for a job process (besides CUDA_VISIBLE_DEVICES)
 ENV_VARIABLES = (
     JOB_ID, RUN_ID, MODEL, BATCH_SIZE, ACCUM_STEPS, GPUS, DEVICE, TOTAL_ITERATIONS,
-    START_ITERATION, CHECKPOINT_DIR, CHECKPOINT_EVERY, PROGRESS_FILE,
+    START_ITERATION, CHECKPOINT_DIR, CHECKPOINT_EVERY, PROGRESS_FILE, RENDEZVOUS, FIRST_RANK,
+    WORLD_SIZE,
 )  # fmt: skip
 #: without these a job cannot run or be tracked, so under gpusched their absence is an error
 REQUIRED_UNDER_GPUSCHED = (
@@ -97,6 +102,11 @@ class JobContext:
     checkpoint_dir: Path
     checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
     progress_file: Path | None = None
+    #: a job across nodes: where its ranks meet ('' for a job on one node), the global
+    #: rank of this node's first GPU, and the ranks of the whole job (0: this node's GPUs)
+    rendezvous: str = ""
+    first_rank: int = 0
+    world_size: int = 0
     progress_interval_s: float = DEFAULT_PROGRESS_INTERVAL_S
     monotonic: Callable[[], float] = field(default=time.monotonic, repr=False)
     wall_clock: Callable[[], float] = field(default=time.time, repr=False)
@@ -144,6 +154,10 @@ class JobContext:
             raise _field_error(
                 "checkpoint_every", CHECKPOINT_EVERY, f"must be >= 1, got {self.checkpoint_every}"
             )
+        if self.first_rank < 0:
+            raise _field_error("first_rank", FIRST_RANK, f"must be >= 0, got {self.first_rank}")
+        if self.world_size < 0:
+            raise _field_error("world_size", WORLD_SIZE, f"must be >= 0, got {self.world_size}")
         if self.progress_interval_s < 0:
             raise ValueError(f"progress_interval_s must be >= 0, got {self.progress_interval_s}")
         self.checkpoint_dir = Path(self.checkpoint_dir)
@@ -184,6 +198,9 @@ class JobContext:
             or Path("gpusched-checkpoints") / (job_id or STANDALONE_JOB_ID),
             checkpoint_every=_integer(env, CHECKPOINT_EVERY, DEFAULT_CHECKPOINT_EVERY),
             progress_file=_path(env, PROGRESS_FILE),
+            rendezvous=env.get(RENDEZVOUS, "").strip(),
+            first_rank=_integer(env, FIRST_RANK, 0),
+            world_size=_integer(env, WORLD_SIZE, 0),
         )
 
     # ------------------------------------------------------------------ derived values

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import sys
 import time
 import zlib
@@ -29,6 +28,7 @@ from nats.aio.subscription import Subscription
 from libs.common import codec, subjects
 from libs.common.actor import Actor
 from libs.common.bus import Stores, connection
+from libs.common.embedded import free_port
 from libs.common.schemas import (
     SCHEMA_VERSION,
     CommandReply,
@@ -488,7 +488,8 @@ class NodeAgent(Actor[AgentMessage]):
             # the other parts' ranks meet at this node; the reply tells the scheduler where
             start = msgspec.structs.replace(
                 start,
-                rendezvous=f"tcp://{self.config.advertise_host}:{_free_port()}",
+                # other nodes connect: free on every interface
+                rendezvous=f"tcp://{self.config.advertise_host}:{free_port('')}",
                 first_rank=0,
                 world_size=start.spec.gpus,
             )
@@ -1048,13 +1049,6 @@ class NodeAgent(Actor[AgentMessage]):
                     "GPU memory oversubscribed", gpu=index, used_mb=round(used),
                     capacity_mb=capacity[index], jobs=sorted(r.job_id for r in residents),
                 )
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def _ranges(indices: list[int]) -> str:

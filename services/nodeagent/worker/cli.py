@@ -13,14 +13,15 @@ import argparse
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from libs.common.embedded import free_port
 from libs.common.logging import configure_logging
 from libs.sdk import JobContext, JobEnvironmentError
+from libs.sdk.context import FIRST_RANK, RENDEZVOUS, WORLD_SIZE
 from services.nodeagent.worker.catalog import (
     DEFAULT_SIZES,
     PROFILE_TO_ZOO,
@@ -33,13 +34,9 @@ from services.nodeagent.worker.catalog import (
 ITERATION_LOG_ENV = "GPUSCHED_WORKER_ITERATION_LOG"
 #: pauses inside this iteration until SIGTERM (for tests of preemption mid-iteration)
 HOLD_AT_ITERATION_ENV = "GPUSCHED_WORKER_HOLD_AT_ITERATION"
-#: set by a node's first rank for the processes it starts: their rank on the node
+#: set by a node's first rank for the processes it starts: their rank on the node (they
+#: also get the rendezvous, GPUSCHED_RENDEZVOUS, that rank chose for a job on one node)
 LOCAL_RANK_ENV = "GPUSCHED_WORKER_RANK"
-#: where the ranks meet (from the node agent for a job across nodes; else chosen here),
-#: the global rank of this node's first GPU, and the ranks of the whole job
-RENDEZVOUS_ENV = "GPUSCHED_RENDEZVOUS"
-FIRST_RANK_ENV = "GPUSCHED_FIRST_RANK"
-WORLD_SIZE_ENV = "GPUSCHED_WORLD_SIZE"
 #: "0" trains a job given several GPUs on the first one only, in one process
 DATA_PARALLEL_ENV = "GPUSCHED_WORKER_DATA_PARALLEL"
 #: how long rank 0 waits for the other ranks to exit after it is done
@@ -171,7 +168,7 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if layout.world_size > 1 and layout.local_rank == 0:
         if not layout.rendezvous:
             layout = dataclasses.replace(
-                layout, rendezvous=f"tcp://127.0.0.1:{_free_port()}"
+                layout, rendezvous=f"tcp://127.0.0.1:{free_port()}"
             )
         # started before torch loads here, so the ranks load it side by side
         others = [
@@ -221,46 +218,33 @@ class RankLayout:
 
 def data_parallel_layout(ctx: JobContext, environ: Mapping[str, str]) -> RankLayout:
     """One rank per GPU of the job: ``GPUSCHED_GPUS`` on this node, and, for a job across
-    nodes, the first rank and world size the node agent passes."""
-    rendezvous = environ.get(RENDEZVOUS_ENV, "").strip()
+    nodes, the rendezvous, first rank and world size the node agent passes."""
+    rendezvous = ctx.rendezvous
     single_node_off = environ.get(DATA_PARALLEL_ENV, "").strip() == "0"
     if not rendezvous and (single_node_off or len(ctx.gpus) < 2):
         return RankLayout()
     local_ranks = max(1, len(ctx.gpus))
-    local_rank = _int_env(environ, LOCAL_RANK_ENV, 0)
-    first_rank = _int_env(environ, FIRST_RANK_ENV, 0)
-    world_size = _int_env(environ, WORLD_SIZE_ENV, local_ranks)
+    raw = environ.get(LOCAL_RANK_ENV, "").strip() or "0"
+    try:
+        local_rank = int(raw)
+    except ValueError:
+        raise UsageError(f"{LOCAL_RANK_ENV} must be an integer, got {raw!r}") from None
+    first_rank = ctx.first_rank
+    world_size = ctx.world_size or local_ranks
     if not 0 <= local_rank < local_ranks:
         raise UsageError(f"{LOCAL_RANK_ENV}: {local_rank} is outside 0..{local_ranks - 1}")
-    if first_rank < 0 or first_rank + local_ranks > world_size:
+    if first_rank + local_ranks > world_size:
         raise UsageError(
-            f"{WORLD_SIZE_ENV}: {world_size} ranks cannot hold ranks {first_rank}.."
-            f"{first_rank + local_ranks - 1} ({FIRST_RANK_ENV} and GPUSCHED_GPUS)"
+            f"{WORLD_SIZE}: {world_size} ranks cannot hold ranks {first_rank}.."
+            f"{first_rank + local_ranks - 1} ({FIRST_RANK} and GPUSCHED_GPUS)"
         )
     if (local_rank > 0 or first_rank > 0) and not rendezvous:
-        raise UsageError(f"{RENDEZVOUS_ENV}: required for rank {first_rank + local_rank}")
+        raise UsageError(f"{RENDEZVOUS}: required for rank {first_rank + local_rank}")
     return RankLayout(local_rank, local_ranks, first_rank + local_rank, world_size, rendezvous)
 
 
-def _int_env(environ: Mapping[str, str], name: str, default: int) -> int:
-    raw = environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise UsageError(f"{name} must be an integer, got {raw!r}") from None
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def _start_rank(local_rank: int, rendezvous: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
-    env = {**os.environ, LOCAL_RANK_ENV: str(local_rank), RENDEZVOUS_ENV: rendezvous}
+    env = {**os.environ, LOCAL_RANK_ENV: str(local_rank), RENDEZVOUS: rendezvous}
     # the same process group as this rank: a stop signal to the job reaches every rank
     return subprocess.Popen(
         [sys.executable, "-m", "services.nodeagent.worker", *argv],
