@@ -345,5 +345,15 @@ class Prediction(msgspec.Struct, frozen=True, kw_only=True):
     source: str = "profile"
 
 
+def split_problem(batch_size: int, gpus: int, accum_steps: int) -> str:
+    """Why a global batch cannot give every GPU a sample in each accumulation step, or ''."""
+    if gpus * accum_steps < 1 or batch_size // (gpus * accum_steps) < 1:
+        return (
+            f"batch_size: {batch_size} leaves no sample per GPU for "
+            f"{gpus} GPUs x {accum_steps} accumulation steps"
+        )
+    return ""
+
+
 def now() -> float:
     return time.time()

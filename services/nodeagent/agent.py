@@ -42,6 +42,7 @@ from libs.common.schemas import (
     StartJob,
     StopJob,
     Telemetry,
+    split_problem,
 )
 from libs.core.groundtruth import ProfilePerformanceModel, load_performance_model
 from services.nodeagent.config import NAME_PATTERN, NodeAgentConfig
@@ -759,12 +760,7 @@ class NodeAgent(Actor[AgentMessage]):
         if resize.batch_size < 1:
             return f"batch_size: must be >= 1, got {resize.batch_size}"
         if resize.accum_steps >= 1 and resize.gpus:
-            per_step = resize.batch_size // (len(resize.gpus) * resize.accum_steps)
-            if per_step < 1:
-                return (
-                    f"batch_size: {resize.batch_size} leaves no sample per GPU for "
-                    f"{len(resize.gpus)} GPUs x {resize.accum_steps} accumulation steps"
-                )
+            return split_problem(resize.batch_size, len(resize.gpus), resize.accum_steps)
         return ""
 
     def _resized(self, start: StartJob, resize: ResizeJob) -> StartJob:

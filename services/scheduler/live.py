@@ -51,6 +51,7 @@ from libs.common.schemas import (
     StartJob,
     StateChange,
     StopJob,
+    split_problem,
 )
 from libs.core.decision import Resize, Start
 from libs.core.groundtruth import load_performance_model
@@ -800,14 +801,7 @@ def _resize_problem(record: JobRecord, resize: Resize) -> str:
         return f"batch_size: {resize.batch_size} is below min_batch_size {spec.min_batch_size}"
     if spec.max_batch_size is not None and resize.batch_size > spec.max_batch_size:
         return f"batch_size: {resize.batch_size} is above max_batch_size {spec.max_batch_size}"
-    if resize.accum_steps < 1 or resize.batch_size // (
-        len(resize.gpu_ids) * resize.accum_steps
-    ) < 1:
-        return (
-            f"batch_size: {resize.batch_size} leaves no sample per GPU for "
-            f"{len(resize.gpu_ids)} GPUs x {resize.accum_steps} accumulation steps"
-        )
-    return ""
+    return split_problem(resize.batch_size, len(resize.gpu_ids), resize.accum_steps)
 
 
 class SchedulerService:
