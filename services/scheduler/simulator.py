@@ -235,7 +235,7 @@ class Simulator:
         true_iter = self.truth.iteration_time(spec.model, spec.batch_size, spec.gpus, nodes)
         job = SimJob(spec, est_iter, true_iter)
         self.jobs[job_id] = job
-        view = self._pending_view(job)
+        view = self._view(job)
         bad = unschedulable_reason(view, self._idle)
         if bad:
             job.state = UNSCHEDULABLE
@@ -252,8 +252,10 @@ class Simulator:
         for queue in self.extra_queues:
             queue.add(view)
 
-    def _pending_view(self, job: SimJob) -> JobView:
+    def _view(self, job: SimJob) -> JobView:
+        """The job as policies see it now: queued, or running where it runs."""
         spec = job.spec
+        running = job.state == "running"
         return JobView(
             job_id=spec.job_id,
             submit_time=spec.submit_time,
@@ -268,29 +270,11 @@ class Simulator:
             oracle_remaining_s=job.remaining * job.exclusive_iter,
             queued_since=job.queued_since,
             preemptions=job.preemptions,
-        )
-
-    def _running_view(self, job: SimJob) -> JobView:
-        spec = job.spec
-        return JobView(
-            job_id=spec.job_id,
-            submit_time=spec.submit_time,
-            model=spec.model,
-            gpus=spec.gpus,
-            batch_size=spec.batch_size,
-            est_remaining_s=job.remaining * job.est_iter,
-            attained_gpu_s=job.attained,
-            as_of=self.clock,
-            allow_sharing=spec.allow_sharing,
-            deadline=spec.deadline,
-            oracle_remaining_s=job.remaining * job.exclusive_iter,
-            queued_since=job.queued_since,
-            preemptions=job.preemptions,
-            state=JobState.RUNNING,
-            gpu_ids=job.gpu_ids,
-            accum_steps=job.accum,
-            progress_rate=job.est_iter / job.iter_time,
-            started_at=job.started_at,
+            state=JobState.RUNNING if running else JobState.PENDING,
+            gpu_ids=job.gpu_ids if running else (),
+            accum_steps=job.accum if running else 1,
+            progress_rate=job.est_iter / job.iter_time if running else 0.0,
+            started_at=job.started_at if running else 0.0,
         )
 
     def _settle(self, job: SimJob) -> None:
@@ -332,7 +316,7 @@ class Simulator:
                     )
         job.iter_time = alone * slowdown
         job.version += 1
-        job.view = self._running_view(job)
+        job.view = self._view(job)
         self.running[spec.job_id] = job.view
         finish = self.clock + job.overhead_left + job.remaining * job.iter_time
         self._push(finish, FINISH, spec.job_id, job.version)
@@ -421,7 +405,7 @@ class Simulator:
         self.preemptions += 1
         job.overhead_left = self.config.restart_overhead_s
         job.queued_since = self.clock
-        self._enqueue(self._pending_view(job))
+        self._enqueue(self._view(job))
         for other in partners:
             self._settle(other)
             self._retime(other)
@@ -452,7 +436,7 @@ class Simulator:
         job.overhead_left = self.config.restart_overhead_s
         job.queued_since = self.clock
         self.resizes += 1
-        self._enqueue(self._pending_view(job))
+        self._enqueue(self._view(job))
         for other in partners:
             self._settle(other)
             self._retime(other)
