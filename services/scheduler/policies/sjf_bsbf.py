@@ -538,6 +538,31 @@ class SjfBsbf:
                     return True
         return False
 
+    def _group_bounds(
+        self, shape: tuple, groups: list[SlotGroup], e_alone: float
+    ) -> list[tuple[float, int]]:
+        """(lower bound on the t_con of any of its slots, index) of every group a job of
+        ``shape`` and exclusive time ``e_alone`` might share with: a paired group by its
+        two precomputed lines, one not paired yet by a bound that needs no pairing, and a
+        group where nothing of the shape fits not at all."""
+        known = self._pairings
+        coefs = self._coefs
+        bounds: list[tuple[float, int]] = []
+        for gi, group in enumerate(groups):
+            rem = group.remaining
+            if not rem:
+                continue
+            key = (shape, group.key)
+            c = coefs.get(key)
+            if c is not None:  # t_con grows with E_b: the smallest E_b bounds the group
+                e_b = rem[0]
+                one = c[0] * e_alone + c[1] * e_b
+                two = c[2] * e_alone + 0.5 * e_b
+                bounds.append((_TIGHT_SCALE * (one if one < two else two), gi))
+            elif key not in known:
+                bounds.append(((e_alone + rem[0]) * _BOUND_SCALE, gi))
+        return bounds
+
     def _search_one(
         self, job: JobView, groups: list[SlotGroup], snapshot: Snapshot
     ) -> tuple[Choice | None, float, str, float]:
@@ -550,21 +575,7 @@ class SjfBsbf:
             e_alone = 1e-9
         shape = (job.model, job.batch_size, job.gpus)
         known = self._pairings
-        coefs = self._coefs
-        order: list[tuple[float, int]] = []
-        for gi, group in enumerate(groups):
-            rem = group.remaining
-            if not rem:
-                continue
-            key = (shape, group.key)
-            c = coefs.get(key)
-            if c is not None:  # t_con grows with E_b: the smallest E_b bounds the group
-                e_b = rem[0]
-                one = c[0] * e_alone + c[1] * e_b
-                two = c[2] * e_alone + 0.5 * e_b
-                order.append((_TIGHT_SCALE * (one if one < two else two), gi))
-            elif key not in known:
-                order.append(((e_alone + rem[0]) * _BOUND_SCALE, gi))
+        order = self._group_bounds(shape, groups, e_alone)
         order.sort()
         best: tuple[float, int, int, int] | None = None
         benefit = self.benefit_test
@@ -683,26 +694,10 @@ class SjfBsbf:
         e_alone = max(job.remaining_s(snapshot.now), 1e-9)
         gpus = job.gpus
         retry = gpus > 1  # one GPU: a slot failing at a window edge rules out its pairing
-        shape = (job.model, job.batch_size, job.gpus)
-        known = self._pairings
-        coefs = self._coefs
-        heap: list[tuple[float, int, int, int, int]] = []
-        for gi, group in enumerate(groups):
-            rem = group.remaining
-            if not rem:
-                continue
-            key = (shape, group.key)
-            c = coefs.get(key)
-            if c is not None:  # t_con grows with E_b: the smallest E_b bounds the group
-                e_b = rem[0]
-                one = c[0] * e_alone + c[1] * e_b
-                two = c[2] * e_alone + 0.5 * e_b
-                bound = _TIGHT_SCALE * (one if one < two else two)
-            elif key not in known:  # not paired yet: a bound that needs no pairing
-                bound = (e_alone + rem[0]) * _BOUND_SCALE
-            else:
-                continue  # nothing of this job fits beside these residents
-            heap.append((bound, 0, gi, 0, 0))
+        heap: list[tuple[float, int, int, int, int]] = [
+            (bound, 0, gi, 0, 0)
+            for bound, gi in self._group_bounds((job.model, job.batch_size, gpus), groups, e_alone)
+        ]
         heapq.heapify(heap)
         expanded: dict[int, tuple[Pairing, ...]] = {}
         picks: dict[int, list[tuple[float, int, int]]] = {}
