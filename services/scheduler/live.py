@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import functools
 import itertools
 import time
@@ -59,8 +58,7 @@ from libs.core.perf import PerformanceModel, UnknownModelError
 from services.predictor.client import PredictorClient, PredictorClientError
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.lease import LeaderLease
-from services.scheduler.policies import Policy, make_policy
-from services.scheduler.policies.preemptive import Tiresias
+from services.scheduler.policies import make_policy
 from services.scheduler.state import (
     Layout,
     LiveJob,
@@ -151,7 +149,7 @@ class LiveScheduler(Actor[Message]):
         self.config = config
         self.nc = nc
         self.stores = stores
-        self.policy = scaled_policy(make_policy(config.policy), config.time_scale)
+        self.policy = make_policy(config.policy, config.time_scale)
         truth: PerformanceModel = load_performance_model(config.data_dir)
         self.estimates: PerformanceModel = ScaledModel(truth, config.time_scale)
         self.predictor = PredictorClient(nc, timeout_s=config.predictor_timeout_s)
@@ -296,11 +294,10 @@ class LiveScheduler(Actor[Message]):
                 await self._start_result(message)
             case Estimated(job_id, batch_size, gpus, iteration_s):
                 job = self.jobs.get(job_id)
-                spec = job.record.current_spec if job is not None else None
-                if job is not None and spec is not None and (spec.batch_size, spec.gpus) == (
-                    batch_size, gpus
-                ):
-                    job.est_iteration_s = iteration_s
+                if job is not None:
+                    spec = job.record.current_spec
+                    if (spec.batch_size, spec.gpus) == (batch_size, gpus):
+                        job.est_iteration_s = iteration_s
             case StopFailed():
                 self.log.warning("stop not confirmed", job_id=message.job_id, error=message.error)
 
@@ -777,19 +774,6 @@ class LiveScheduler(Actor[Message]):
                 self.tell(StopFailed(job_id, run_id, error))
 
         self.spawn(send())
-
-
-def scaled_policy(policy: Policy, time_scale: float) -> Policy:
-    """The policy with its durations in wall seconds: on a cluster whose jobs run
-    ``1/time_scale`` times faster, Tiresias' service thresholds and starvation wait shrink
-    alike, so jobs move between its queues at the same points of their work."""
-    if time_scale == 1.0 or not isinstance(policy, Tiresias):
-        return policy
-    return dataclasses.replace(
-        policy,
-        thresholds_gpu_s=tuple(t * time_scale for t in policy.thresholds_gpu_s),
-        min_wait_s=policy.min_wait_s * time_scale,
-    )
 
 
 def _resize_problem(record: JobRecord, resize: Resize) -> str:

@@ -24,11 +24,17 @@ class UnknownPolicyError(ValueError):
         super().__init__(f"unknown policy {name!r}; valid policies: {', '.join(POLICIES)}")
 
 
-def make_policy(name: str) -> Policy:
+def make_policy(name: str, time_scale: float = 1.0) -> Policy:
+    """The policy ``name``; ``time_scale`` (wall seconds per job second) turns the
+    durations of a policy that has any (``scaled``) into wall seconds."""
     factory = POLICIES.get(name.strip().lower())
     if factory is None:
         raise UnknownPolicyError(name)
-    return factory()
+    policy = factory()
+    scaled = getattr(policy, "scaled", None)
+    if time_scale != 1.0 and scaled is not None:
+        return scaled(time_scale)
+    return policy
 
 
 __all__ = ["POLICIES", "Policy", "UnknownPolicyError", "make_policy"]

@@ -32,6 +32,10 @@ class QueueSort:
 
 
 class Policy(Protocol):
+    """A pure ``decide``. Optional attributes a driver may use: ``extra_sorts`` (see
+    ``QueueSort``) and ``scaled(time_scale)``, the policy with its own durations turned
+    into wall seconds of a cluster that runs jobs ``1/time_scale`` times faster."""
+
     @property
     def name(self) -> str: ...
 

@@ -417,6 +417,16 @@ class Tiresias:
             QueueSort(f"tiresias-promote{(self.min_wait_s, self.promote_knob)}", promote_key),
         )
 
+    def scaled(self, time_scale: float) -> Tiresias:
+        """This policy on a cluster whose jobs run ``1/time_scale`` times faster: the
+        service thresholds and the starvation wait shrink alike, so jobs change queue at
+        the same points of their work."""
+        return replace(
+            self,
+            thresholds_gpu_s=tuple(t * time_scale for t in self.thresholds_gpu_s),
+            min_wait_s=self.min_wait_s * time_scale,
+        )
+
     @property
     def queue_sort(self) -> QueueSort:
         """Queued jobs by their queue before promotion, then FIFO: a fixed order, since
