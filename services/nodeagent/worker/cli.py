@@ -138,16 +138,18 @@ def model_spec(name: str, source: str, width: int | None, depth: int | None) -> 
 
 def debug_hooks(environ: Mapping[str, str]) -> tuple[Path | None, int | None]:
     log_path = environ.get(ITERATION_LOG_ENV, "").strip()
-    hold_raw = environ.get(HOLD_AT_ITERATION_ENV, "").strip()
-    hold: int | None = None
-    if hold_raw:
-        try:
-            hold = int(hold_raw)
-        except ValueError:
-            raise UsageError(
-                f"{HOLD_AT_ITERATION_ENV} must be an integer, got {hold_raw!r}"
-            ) from None
-    return (Path(log_path) if log_path else None), hold
+    return (Path(log_path) if log_path else None), _int_variable(environ, HOLD_AT_ITERATION_ENV)
+
+
+def _int_variable(environ: Mapping[str, str], name: str) -> int | None:
+    """A worker variable's integer value, None when unset or empty."""
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise UsageError(f"{name} must be an integer, got {raw!r}") from None
 
 
 def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -224,11 +226,7 @@ def data_parallel_layout(ctx: JobContext, environ: Mapping[str, str]) -> RankLay
     if not rendezvous and (single_node_off or len(ctx.gpus) < 2):
         return RankLayout()
     local_ranks = max(1, len(ctx.gpus))
-    raw = environ.get(LOCAL_RANK_ENV, "").strip() or "0"
-    try:
-        local_rank = int(raw)
-    except ValueError:
-        raise UsageError(f"{LOCAL_RANK_ENV} must be an integer, got {raw!r}") from None
+    local_rank = _int_variable(environ, LOCAL_RANK_ENV) or 0
     first_rank = ctx.first_rank
     world_size = ctx.world_size or local_ranks
     if not 0 <= local_rank < local_ranks:
