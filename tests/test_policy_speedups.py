@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from libs.core.decision import Decision, Preempt, Start
+from libs.core.groundtruth import load_performance_model
 from libs.core.placement import FreeGpus
 from libs.core.snapshot import JobView, Snapshot
 from services.scheduler.policies import make_policy, preemptive, sjf_bsbf
@@ -581,7 +582,6 @@ def test_a_remembered_job_tried_against_new_slots_decides_as_a_fresh_policy(
         assert got.why(j.job_id) == want.why(j.job_id)
 
 
-
 SLOW = st.floats(1, 4)
 
 
@@ -599,3 +599,77 @@ def test_a_groups_coefficient_bound_lies_below_every_pairings_t_con(
     bound = sjf_bsbf._TIGHT_SCALE * min(a1 * e_a + b1 * e_b, a2 * e_a + 0.5 * e_b)
     t_cons = [sjf_bsbf.t_concurrent(e_a * p.stretch, e_b, p.x_a, p.x_b) for p in pairings]
     assert bound <= min(t_cons)
+
+
+BUILTIN = load_performance_model(None)
+
+
+@st.composite
+def builtin_snapshots(draw: st.DrawFn) -> Snapshot:
+    """Residents and a queue of built-in models, the queue's shapes of one model sharing
+    per-GPU batches across GPU counts (so their slowdowns, which follow the sub-batch,
+    are alike)."""
+    models = BUILTIN.models()[:4]
+    cl = cluster(2, 4, gpu_mem_mb=40_000)
+    held = []
+    gpu = 0
+    while gpu < cl.total_gpus:
+        size = min(draw(st.sampled_from([1, 1, 2])), cl.total_gpus - gpu)
+        model = draw(st.sampled_from(models))
+        held.append(
+            running(
+                f"r{gpu}",
+                draw(st.floats(1, 5_000)),
+                tuple(range(gpu, gpu + size)),
+                model=model,
+                batch=BUILTIN.default_batch_size(model) * size,
+            )
+        )
+        gpu += size
+    queue = []
+    for k in range(draw(st.integers(1, 8))):
+        model = draw(st.sampled_from(models))
+        gpus = draw(st.sampled_from([1, 2, 4]))
+        per_gpu = BUILTIN.default_batch_size(model) // draw(st.sampled_from([1, 2]))
+        queue.append(
+            pending(f"p{k}", draw(st.floats(1, 5_000)), gpus, model=model, batch=per_gpu * gpus)
+        )
+    return snapshot(cl, BUILTIN, queue, held)  # type: ignore[arg-type]
+
+
+@SETTINGS
+@given(snap=builtin_snapshots())
+def test_slowdown_rows_shared_by_shapes_of_one_per_gpu_batch_pair_as_plain_pairing_does(
+    snap: Snapshot,
+):
+    policy = SjfBsbf()
+    policy.decide(snap)
+    groups = {g.key: g for g in sjf_bsbf.build_groups(snap)}
+    jobs = {(j.model, j.batch_size, j.gpus): j for j in snap.pending}
+    for (shape, key), pairings in policy._pairings.items():
+        assert pairings == sjf_bsbf.pair(jobs[shape], groups[key], snap)
+
+
+OTHER_PERF = TablePerf(
+    iter_s=PERF.iter_s,
+    mem_mb={"a": 2000.0, "b": 9000.0, "c": 4000.0},
+    slowdown={("a", "b"): 1.9, ("b", "a"): 1.05, ("c", "c"): 1.1, ("a", "a"): 1.7},
+    default_slowdown=1.1,
+    spread_penalty=1.0,
+    accum_exponent=0.2,
+)
+
+
+@pytest.mark.parametrize("benefit_test", [True, False])
+@SETTINGS
+@given(snap=shared_snapshots())
+def test_a_policy_kept_across_performance_models_decides_as_a_fresh_one(
+    benefit_test: bool, snap: Snapshot
+):
+    kept = SjfBsbf(benefit_test=benefit_test)
+    kept.decide(snap)  # pairings worked out under PERF
+    other = snapshot(snap.cluster, OTHER_PERF, list(snap.pending), list(snap.running))
+    got = kept.decide(other)
+    want = SjfBsbf(benefit_test=benefit_test).decide(other)
+    assert got.starts == want.starts
+    assert got.wake_at == want.wake_at

@@ -61,7 +61,12 @@ class PerformanceModel(Protocol):
         partner_gpus: int,
         partner_accum_steps: int,
     ) -> float:
-        """Co-located iteration time / exclusive iteration time for ``model`` (>= 1)."""
+        """Co-located iteration time / exclusive iteration time for ``model`` (>= 1).
+
+        What shares a GPU is one worker of each job, so the value may depend on the two
+        models and on each one's per-GPU batch and accumulation steps (its sub-batch),
+        not on the GPU count itself: policies reuse one value for every job shape of a
+        model with the same per-GPU batch."""
         ...
 
     def gpu_memory_mb(self, model: str, per_gpu_batch: float) -> float:

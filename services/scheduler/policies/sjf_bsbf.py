@@ -22,7 +22,9 @@ inside its benefit windows (``SjfBsbf._window_counts``). A queued job that found
 partner is not searched again while no shareable slot is new (``SlotIndex``), and once
 slots are new it is tried only against those (each slot's epoch of birth is known),
 unless one of the old slots may have entered a benefit window since. A job shape's
-sub-batch terms are worked out once and shared by every group it is paired with.
+sub-batch terms are worked out once and shared by every group it is paired with, and
+the slowdowns beside a kind of resident once per model and per-GPU batch, shared by the
+model's shapes of every GPU count.
 """
 
 from __future__ import annotations
@@ -297,6 +299,8 @@ class SjfBsbf:
         default_factory=dict, compare=False, repr=False
     )
     _terms: dict[tuple, ShapeTerms] = field(default_factory=dict, compare=False, repr=False)
+    #: per (model, per-GPU batch, resident group key), see ``slowdown_row``
+    _rows: dict[tuple, SlowdownRow] = field(default_factory=dict, compare=False, repr=False)
     #: the pairings of ``_pairings`` whose benefit window has a gap
     _gaps: dict[tuple, tuple[Pairing, ...]] = field(default_factory=dict, compare=False, repr=False)
     _made: dict[tuple[int, float, float, float], Pairing] = field(
@@ -319,6 +323,18 @@ class SjfBsbf:
     #: within one decision, while no slot is taken: per job shape, why it finds no partner
     #: when none of its pairings has a gap (then that does not depend on the job's E_a)
     _per_shape: dict[tuple, str] = field(default_factory=dict, compare=False, repr=False)
+    #: the cluster and performance model the pairing caches were worked out for
+    _basis: list[object] = field(default_factory=lambda: [None, None], compare=False, repr=False)
+
+    def _sync(self, snapshot: Snapshot) -> None:
+        """Forget the pairing caches when a snapshot brings another cluster or model."""
+        basis = self._basis
+        if basis[0] is snapshot.cluster and basis[1] is snapshot.estimates:
+            return
+        basis[0], basis[1] = snapshot.cluster, snapshot.estimates
+        for cache in (self._pairings, self._terms, self._rows, self._gaps, self._coefs):
+            cache.clear()
+        self._no_share.clear()
 
     def decide(self, snapshot: Snapshot) -> Decision:
         pending = snapshot.pending
@@ -340,6 +356,7 @@ class SjfBsbf:
             for job_id in [k for k in no_share if k not in queued]:
                 del no_share[job_id]
         epoch = -1
+        self._sync(snapshot)
         self._per_shape.clear()
         for job in ordered_pending(snapshot, SJF_ORDER):
             if free.total >= job.gpus:
@@ -434,7 +451,11 @@ class SjfBsbf:
             terms = self._terms.get(shape)
             if terms is None:
                 terms = self._terms[shape] = shape_terms(job, snapshot)
-            pairings = self._pairings[key] = pair(job, group, snapshot, terms, self._made)
+            row_key = (shape[0], shape[1] / shape[2], group.key)
+            row = self._rows.get(row_key)
+            if row is None:
+                row = self._rows[row_key] = slowdown_row(job, group, snapshot, terms)
+            pairings = self._pairings[key] = pair(job, group, snapshot, terms, self._made, row)
             self._gaps[key] = tuple(p for p in pairings if p.gap)
             if pairings:
                 self._coefs[key] = bound_coefficients(pairings)
@@ -786,43 +807,65 @@ def shape_terms(job: JobView, snapshot: Snapshot) -> ShapeTerms:
     return tuple(terms)
 
 
+#: per sub-batch of a job shape (as in ``ShapeTerms``), the job's and the resident's
+#: slowdowns side by side, or None where the sub-batch does not fit beside the resident
+SlowdownRow = tuple[tuple[float, float] | None, ...]
+
+
+def slowdown_row(
+    job: JobView, group: SlotGroup, snapshot: Snapshot, terms: ShapeTerms
+) -> SlowdownRow:
+    """The slowdowns of ``job`` beside ``group``'s kind of resident, for each of its
+    sub-batches. Slowdowns and memory depend on each worker's sub-batch, not on the GPU
+    count (see ``PerformanceModel.colocation_slowdown``), so one row serves every shape
+    of the model with the same per-GPU batch."""
+    slowdown = snapshot.estimates.colocation_slowdown
+    b = group.resident
+    model, batch, gpus = job.model, job.batch_size, job.gpus
+    b_model, b_batch, b_gpus, b_accum = b.model, b.batch_size, b.gpus, b.accum_steps
+    used, capacity = group.mem_used_mb, group.gpu_mem_mb
+    row: list[tuple[float, float] | None] = []
+    for k, mem, _ in terms:
+        if not mem + used <= capacity:
+            row.append(None)
+            continue
+        row.append(
+            (
+                slowdown(model, batch, gpus, k, b_model, b_batch, b_gpus, b_accum),
+                slowdown(b_model, b_batch, b_gpus, b_accum, model, batch, gpus, k),
+            )
+        )
+    return tuple(row)
+
+
 def pair(
     job: JobView,
     group: SlotGroup,
     snapshot: Snapshot,
     terms: ShapeTerms | None = None,
     made: dict[tuple[int, float, float, float], Pairing] | None = None,
+    row: SlowdownRow | None = None,
 ) -> tuple[Pairing, ...]:
     """Every sub-batch of ``job`` worth trying against ``group``'s kind of resident: those
     that fit in memory beside it and that no other fitting sub-batch beats on every count
     (slowdown of A, slowdown of B, and A's accumulation stretch). ``terms`` (the job
-    shape's, see ``shape_terms``) and ``made`` (pairings already built, by their numbers)
-    may be kept by the caller across groups."""
-    slowdown = snapshot.estimates.colocation_slowdown
-    b = group.resident
-    model, batch, gpus = job.model, job.batch_size, job.gpus
-    b_model, b_batch, b_gpus, b_accum = b.model, b.batch_size, b.gpus, b.accum_steps
+    shape's, see ``shape_terms``), ``row`` (see ``slowdown_row``) and ``made`` (pairings
+    already built, by their numbers) may be kept by the caller across groups and shapes."""
     if terms is None:
         terms = shape_terms(job, snapshot)
-    fitting: list[tuple[float, float, float, int]] = []
-    for k, mem, stretch in terms:
-        if not mem + group.mem_used_mb <= group.gpu_mem_mb:
-            continue
-        fitting.append(
-            (
-                slowdown(model, batch, gpus, k, b_model, b_batch, b_gpus, b_accum),
-                slowdown(b_model, b_batch, b_gpus, b_accum, model, batch, gpus, k),
-                stretch,
-                k,
-            )
-        )
+    if row is None:
+        row = slowdown_row(job, group, snapshot, terms)
+    fitting = [
+        (xs[0], xs[1], stretch, k)
+        for (k, _, stretch), xs in zip(terms, row, strict=True)
+        if xs is not None
+    ]
     kept: list[Pairing] = []
-    for i, (x_a, x_b, stretch, k) in enumerate(fitting):
+    for x_a, x_b, stretch, k in fitting:
         dominated = False
-        for j, (o_a, o_b, o_s, _) in enumerate(fitting):
+        for o_a, o_b, o_s, _ in fitting:
             if (
-                j != i
-                and o_a <= x_a
+                o_a <= x_a
                 and o_b <= x_b
                 and o_s <= stretch
                 and (o_a != x_a or o_b != x_b or o_s != stretch)
