@@ -54,6 +54,9 @@ WAKE_MARGIN_S = 1e-3
 #: it above a t_con computed by the other formula
 _BOUND_SCALE = 0.5 * (1 - 1e-12)
 _TIGHT_SCALE = 1 - 1e-12
+#: kinds of entry on ``SjfBsbf._search_heap``'s heap: at one value a bound comes off
+#: before the slots it stands for
+_GROUP, _PAIRING, _SLOT = 0, 1, 2
 #: take the shorter roads of ``SjfBsbf._search`` (tests turn them off to compare)
 FAST_PATHS = True
 
@@ -708,15 +711,17 @@ class SjfBsbf:
         there instead of listing every candidate. A group enters the heap first as a
         lower bound, ``(E_a + smallest E_b) / 2`` (every t_con is at least that, since
         slowdowns and the accumulation stretch are >= 1), and its pairings are worked out
-        and searched only when that bound comes off the heap: groups that cannot beat the
-        winner are never paired with the job at all. Ties go to the earlier group,
-        pairing and slot, as a full scan would.
+        only when that bound comes off the heap: groups that cannot beat the winner are
+        never paired with the job at all. Each pairing in turn enters as the lesser of
+        its two t_con lines at the group's smallest E_b, and its first paying slot is
+        looked up only when that bound comes off. Ties go to the earlier group, pairing
+        and slot, as a full scan would.
         """
         e_alone = max(job.remaining_s(snapshot.now), 1e-9)
         gpus = job.gpus
         retry = gpus > 1  # one GPU: a slot failing at a window edge rules out its pairing
         heap: list[tuple[float, int, int, int, int]] = [
-            (bound, 0, gi, 0, 0)
+            (bound, _GROUP, gi, 0, 0)
             for bound, gi in self._group_bounds((job.model, job.batch_size, gpus), groups, e_alone)
         ]
         heapq.heapify(heap)
@@ -724,22 +729,28 @@ class SjfBsbf:
         picks: dict[int, list[tuple[float, int, int]]] = {}
         while heap:
             value, kind, gi, pi, si = heapq.heappop(heap)
-            if kind == 0:
+            if kind == _GROUP:
                 pairings = expanded[gi] = self._group_pairings(job, groups[gi], snapshot)
-                rem = groups[gi].remaining
-                for pj, pairing in enumerate(pairings):
-                    found = self._next_pick(e_alone, rem, pairing, 0, retry)
-                    if found is not None:
-                        heapq.heappush(heap, (found[0], 1, gi, pj, found[1]))
+                e_b = groups[gi].remaining[0]
+                for pj, p in enumerate(pairings):
+                    one = p.half_s * e_alone + p.line1 * e_b
+                    two = p.line2 * e_alone + 0.5 * e_b
+                    bound = _TIGHT_SCALE * (one if one < two else two)
+                    heapq.heappush(heap, (bound, _PAIRING, gi, pj, 0))
                 continue
             pairing = expanded[gi][pi]
+            if kind == _PAIRING:
+                found = self._next_pick(e_alone, groups[gi].remaining, pairing, 0, retry)
+                if found is not None:
+                    heapq.heappush(heap, (found[0], _SLOT, gi, pi, found[1]))
+                continue
             chosen = picks.setdefault(pairing.accum, [])
             chosen.append((value, gi, si))
             if len(chosen) == gpus:
                 return Choice(score=value, accum=pairing.accum, picks=tuple(chosen)), math.inf, ""
             found = self._next_pick(e_alone, groups[gi].remaining, pairing, si + 1, retry)
             if found is not None:
-                heapq.heappush(heap, (found[0], 1, gi, pi, found[1]))
+                heapq.heappush(heap, (found[0], _SLOT, gi, pi, found[1]))
         # no partner: every group has been paired by now (the heap held them all)
         if not any(expanded.values()):
             return None, math.inf, "no GPU holding a single job has memory for it"
