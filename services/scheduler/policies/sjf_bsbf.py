@@ -302,8 +302,13 @@ class SjfBsbf:
         default_factory=dict, compare=False, repr=False
     )
     _terms: dict[tuple, ShapeTerms] = field(default_factory=dict, compare=False, repr=False)
-    #: per (model, per-GPU batch, resident group key), see ``slowdown_row``
+    #: per kind of pairing (see ``_group_pairings``), the slowdown row
     _rows: dict[tuple, SlowdownRow] = field(default_factory=dict, compare=False, repr=False)
+    #: per (job shape, kind of pairing), the pairings, those with a gap, and the bound's
+    #: coefficients (None: no pairing), shared by every group of that kind
+    _alike: dict[tuple, tuple[tuple[Pairing, ...], tuple[Pairing, ...], tuple | None]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
     #: the pairings of ``_pairings`` whose benefit window has a gap
     _gaps: dict[tuple, tuple[Pairing, ...]] = field(default_factory=dict, compare=False, repr=False)
     _made: dict[tuple[int, float, float, float], Pairing] = field(
@@ -335,7 +340,14 @@ class SjfBsbf:
         if basis[0] is snapshot.cluster and basis[1] is snapshot.estimates:
             return
         basis[0], basis[1] = snapshot.cluster, snapshot.estimates
-        for cache in (self._pairings, self._terms, self._rows, self._gaps, self._coefs):
+        for cache in (
+            self._pairings,
+            self._terms,
+            self._rows,
+            self._alike,
+            self._gaps,
+            self._coefs,
+        ):
             cache.clear()
         self._no_share.clear()
 
@@ -454,14 +466,34 @@ class SjfBsbf:
             terms = self._terms.get(shape)
             if terms is None:
                 terms = self._terms[shape] = shape_terms(job, snapshot)
-            row_key = (shape[0], shape[1] / shape[2], group.key)
-            row = self._rows.get(row_key)
+            # what a pairing depends on: each side's model, per-GPU batch (and the
+            # resident's accumulation), and the memory beside the resident; residents of
+            # another GPU count with the same per-GPU batch pair alike
+            b = group.resident
+            kind = (
+                shape[0],
+                shape[1] / shape[2],
+                b.model,
+                b.batch_size / b.gpus,
+                b.accum_steps,
+                group.mem_used_mb,
+                group.gpu_mem_mb,
+            )
+            row = self._rows.get(kind)
             if row is None:
-                row = self._rows[row_key] = slowdown_row(job, group, snapshot, terms)
-            pairings = self._pairings[key] = pair(job, group, snapshot, terms, self._made, row)
-            self._gaps[key] = tuple(p for p in pairings if p.gap)
-            if pairings:
-                self._coefs[key] = bound_coefficients(pairings)
+                row = self._rows[kind] = slowdown_row(job, group, snapshot, terms)
+            alike = self._alike.get((shape, kind))
+            if alike is None:
+                pairings = pair(job, group, snapshot, terms, self._made, row)
+                alike = self._alike[(shape, kind)] = (
+                    pairings,
+                    tuple(p for p in pairings if p.gap),
+                    bound_coefficients(pairings) if pairings else None,
+                )
+            pairings, self._gaps[key], coefs = alike
+            self._pairings[key] = pairings
+            if coefs is not None:
+                self._coefs[key] = coefs
         return pairings
 
     def _search(
