@@ -93,6 +93,10 @@ class LiveJob:
     last_progress_write: float = 0.0
     iteration: int = 0
     iteration_at: float = 0.0
+    #: the view last offered while waiting, and what it was built from (see waiting_view)
+    _waiting_view: tuple[JobRecord, tuple[float, ...], JobView] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     @property
     def id(self) -> str:
@@ -213,6 +217,23 @@ def _view(job: LiveJob, as_of: float, **extra: Any) -> JobView:
     )
 
 
+def waiting_view(job: LiveJob, now: float) -> JobView:
+    """The view of a waiting job, the same object as last round's while nothing it is
+    built from has changed. A waiting view does not age (it makes no progress and earns
+    no service), so reusing it is exact, and a policy that remembers jobs by their view
+    (SJF-BSBF's queued jobs without a partner) keeps what it learnt across rounds; it
+    also spares a round most of the cost of a long queue."""
+    record = job.record  # replaced, never changed in place, when the job changes
+    inputs = (job.est_iteration_s, job.iteration, job.attained_gpu_s, job.queued_since)
+    cached = job._waiting_view
+    if cached is not None and cached[0] is record and cached[1] == inputs:
+        return cached[2]
+    view = _view(job, now, queued_since=job.queued_since)
+    if not job.running_since:  # otherwise its service grows until it is settled
+        job._waiting_view = (record, inputs, view)
+    return view
+
+
 def build_snapshot(
     now: float,
     layout: Layout,
@@ -248,7 +269,7 @@ def build_snapshot(
                 )
             )
         elif job.not_before <= now and not record.state.terminal:
-            pending.append(_view(job, now, queued_since=job.queued_since))
+            pending.append(waiting_view(job, now))
     sort = policy.queue_sort
     if sort is not None:
         pending.sort(key=sort.key)
