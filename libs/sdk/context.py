@@ -39,6 +39,8 @@ START_ITERATION = "GPUSCHED_START_ITERATION"
 CHECKPOINT_DIR = "GPUSCHED_CHECKPOINT_DIR"
 CHECKPOINT_EVERY = "GPUSCHED_CHECKPOINT_EVERY"
 PROGRESS_FILE = "GPUSCHED_PROGRESS_FILE"
+#: the name of the node the process runs on (for its logs; nothing reads it back)
+NODE = "GPUSCHED_NODE"
 #: a job across nodes: where its ranks meet, this node's first rank, all ranks of the job
 RENDEZVOUS = "GPUSCHED_RENDEZVOUS"
 FIRST_RANK = "GPUSCHED_FIRST_RANK"
@@ -47,8 +49,8 @@ WORLD_SIZE = "GPUSCHED_WORLD_SIZE"
 #: every variable the node agent sets for a job process (besides CUDA_VISIBLE_DEVICES)
 ENV_VARIABLES = (
     JOB_ID, RUN_ID, MODEL, BATCH_SIZE, ACCUM_STEPS, GPUS, DEVICE, TOTAL_ITERATIONS,
-    START_ITERATION, CHECKPOINT_DIR, CHECKPOINT_EVERY, PROGRESS_FILE, RENDEZVOUS, FIRST_RANK,
-    WORLD_SIZE,
+    START_ITERATION, CHECKPOINT_DIR, CHECKPOINT_EVERY, PROGRESS_FILE, NODE, RENDEZVOUS,
+    FIRST_RANK, WORLD_SIZE,
 )  # fmt: skip
 #: without these a job cannot run or be tracked, so under gpusched their absence is an error
 REQUIRED_UNDER_GPUSCHED = (

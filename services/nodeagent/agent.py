@@ -45,6 +45,7 @@ from libs.common.schemas import (
     split_problem,
 )
 from libs.core.groundtruth import ProfilePerformanceModel, load_performance_model
+from libs.sdk import context as job_env
 from services.nodeagent.config import NAME_PATTERN, NodeAgentConfig
 from services.nodeagent.gpus import (
     GpuInventory,
@@ -662,27 +663,25 @@ class NodeAgent(Actor[AgentMessage]):
         part = "" if start.leader else f"-{config.name}"
         progress_file = job_dir / f"progress-{start.run_id}{part}.jsonl"
         contract: dict[str, Any] = {
-            "GPUSCHED_JOB_ID": start.job_id,
-            "GPUSCHED_RUN_ID": start.run_id,
-            "GPUSCHED_MODEL": spec.model,
-            "GPUSCHED_BATCH_SIZE": spec.batch_size,
-            "GPUSCHED_ACCUM_STEPS": start.accum_steps,
-            "GPUSCHED_GPUS": ",".join(str(i) for i in start.gpus),
-            "GPUSCHED_DEVICE": "cpu" if self._inventory.emulated else "cuda",
-            "GPUSCHED_TOTAL_ITERATIONS": start.total_iterations,
-            "GPUSCHED_START_ITERATION": start.resume_iteration,
-            "GPUSCHED_CHECKPOINT_DIR": checkpoint_dir,
-            "GPUSCHED_CHECKPOINT_EVERY": spec.checkpoint_every,
-            "GPUSCHED_PROGRESS_FILE": progress_file,
-            "GPUSCHED_NODE": config.name,
+            job_env.JOB_ID: start.job_id,
+            job_env.RUN_ID: start.run_id,
+            job_env.MODEL: spec.model,
+            job_env.BATCH_SIZE: spec.batch_size,
+            job_env.ACCUM_STEPS: start.accum_steps,
+            job_env.GPUS: ",".join(str(i) for i in start.gpus),
+            job_env.DEVICE: "cpu" if self._inventory.emulated else "cuda",
+            job_env.TOTAL_ITERATIONS: start.total_iterations,
+            job_env.START_ITERATION: start.resume_iteration,
+            job_env.CHECKPOINT_DIR: checkpoint_dir,
+            job_env.CHECKPOINT_EVERY: spec.checkpoint_every,
+            job_env.PROGRESS_FILE: progress_file,
+            job_env.NODE: config.name,
             "PYTHONUNBUFFERED": "1",
         }
         if start.rendezvous:
-            contract.update({
-                "GPUSCHED_RENDEZVOUS": start.rendezvous,
-                "GPUSCHED_FIRST_RANK": start.first_rank,
-                "GPUSCHED_WORLD_SIZE": start.world_size,
-            })
+            contract[job_env.RENDEZVOUS] = start.rendezvous
+            contract[job_env.FIRST_RANK] = start.first_rank
+            contract[job_env.WORLD_SIZE] = start.world_size
         if not self._inventory.emulated:
             by_index = {g.index: g.uuid for g in self._inventory.gpus}
             contract["CUDA_VISIBLE_DEVICES"] = ",".join(by_index[i] for i in start.gpus)
