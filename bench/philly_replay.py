@@ -5,6 +5,10 @@ the scheduling-quality summary. The trace is not shipped: point --data-dir at a 
 holding traces/philly/philly.csv (see docs/trace-format.md).
 
     python bench/philly_replay.py --data-dir ../shared/data [--policy sjf-bsbf ...]
+        [--resident-cap 1.5 ...]
+
+``--resident-cap X`` adds a run of SJF-BSBF that also refuses partners it would slow by
+more than X (``max_resident_slowdown``), labelled ``bsbf<=X``.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from libs.core.cluster import Cluster
 from libs.core.groundtruth import load_performance_model
 from libs.core.traces import load_trace
 from libs.core.workload import materialize
-from services.scheduler.policies import POLICIES, make_policy
+from services.scheduler.policies import POLICIES, Policy, make_policy
+from services.scheduler.policies.sjf_bsbf import SjfBsbf
 from services.scheduler.simulator import simulate
 
 
@@ -32,6 +37,7 @@ def main() -> None:
     parser.add_argument("--policy", action="append", choices=sorted(POLICIES))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int)
+    parser.add_argument("--resident-cap", type=float, action="append", default=[])
     args = parser.parse_args()
     trace_path = Path(args.data_dir) / "traces" / "philly" / "philly.csv"
     if not trace_path.exists():
@@ -49,8 +55,13 @@ def main() -> None:
         f"{'p50 h':>7} {'p99 h':>8} {'queue h':>8} {'util':>6} {'preempt':>8} {'shared':>7}"
     )
     print(header)
-    for name in args.policy or list(POLICIES):
-        result = simulate(cluster, jobs, make_policy(name), perf)
+    runs: list[tuple[str, Policy]] = [
+        (name, make_policy(name))
+        for name in args.policy or ([] if args.resident_cap else list(POLICIES))
+    ]
+    runs += [(f"bsbf<={cap:g}", SjfBsbf(max_resident_slowdown=cap)) for cap in args.resident_cap]
+    for name, policy in runs:
+        result = simulate(cluster, jobs, policy, perf)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # process peak so far
         s = result.summary()
         print(

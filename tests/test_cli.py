@@ -362,3 +362,56 @@ def test_a_summary_with_no_finished_job_writes_null_not_nan() -> None:
 )
 def test_durations_read_like_a_person_would_say_them(seconds: float, text: str) -> None:
     assert human_duration(seconds) == text
+
+
+# ------------------------------------------------------------- resident slowdown cap
+
+
+def synthetic_run(tmp_path: Path, name: str, *args: str) -> tuple[int, str, Path]:
+    out = tmp_path / name
+    result = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--synthetic",
+            "300",
+            "--rate",
+            "60",
+            "--cluster",
+            "1x4",
+            "--out",
+            str(out),
+            *args,
+        ],
+    )
+    return result.exit_code, result.output, out
+
+
+def test_a_resident_slowdown_cap_reaches_the_sharing_policies_and_no_other(tmp_path: Path):
+    policies = ("-p", "sjf-bsbf", "-p", "sjf-ffs", "-p", "sjf")
+    code, output, out = synthetic_run(tmp_path, "spec", *policies)
+    assert code == 0, output
+    spec = json.loads((out / "summary.json").read_text())["policies"]
+    # the built-in slowdowns are all above 1.0, so a cap of 1.0 forbids every pair
+    code, output, out = synthetic_run(
+        tmp_path, "capped", *policies, "--max-resident-slowdown", "1.0"
+    )
+    assert code == 0, output
+    capped = json.loads((out / "summary.json").read_text())["policies"]
+    assert spec["sjf-bsbf"]["shared_pairs"] > 0 and spec["sjf-ffs"]["shared_pairs"] > 0
+    assert capped["sjf-bsbf"]["shared_pairs"] == capped["sjf-ffs"]["shared_pairs"] == 0
+    assert capped["sjf"]["avg_jct_s"] == spec["sjf"]["avg_jct_s"]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("-p", "fifo", "--max-resident-slowdown", "1.5"), "sjf-ffs, sjf-bsbf"),
+        (("-p", "sjf-bsbf", "--max-resident-slowdown", "0.5"), "at least 1.0"),
+    ],
+    ids=["no sharing policy selected", "below one"],
+)
+def test_a_resident_slowdown_cap_that_cannot_apply_exits_2(tmp_path: Path, args, expected):
+    line = assert_one_line_error(*synthetic_run(tmp_path, "bad", *args)[:2])
+    assert "max resident slowdown" in line
+    assert expected in line

@@ -673,3 +673,35 @@ def test_a_policy_kept_across_performance_models_decides_as_a_fresh_one(
     want = SjfBsbf(benefit_test=benefit_test).decide(other)
     assert got.starts == want.starts
     assert got.wake_at == want.wake_at
+
+
+@pytest.mark.parametrize("benefit_test", [True, False])
+@SETTINGS
+@given(snap=st.one_of(shared_snapshots(), tied_snapshots()), cap=st.sampled_from([1.1, 1.3, 2.0]))
+def test_with_a_resident_slowdown_cap_the_short_roads_pick_what_the_heap_search_picks(
+    benefit_test: bool, snap: Snapshot, cap: float
+):
+    def make() -> SjfBsbf:
+        return SjfBsbf(benefit_test=benefit_test, max_resident_slowdown=cap)
+
+    with flag(sjf_bsbf, "FAST_PATHS", False):
+        want = make().decide(snap)
+    fresh = make()
+    got = fresh.decide(snap)
+    again = fresh.decide(snap)
+    for decision in (got, again):
+        assert decision.starts == want.starts
+        assert decision.wake_at == want.wake_at
+        for j in snap.pending:
+            assert decision.why(j.job_id) == want.why(j.job_id)
+    # no resident is slowed past the cap
+    views = {v.job_id: v for v in (*snap.pending, *snap.running)}
+    for start in got.starts:
+        a = views[start.job_id]
+        for partner in start.shares_with:
+            b = views[partner]
+            slowdown = snap.estimates.colocation_slowdown(
+                b.model, b.batch_size, b.gpus, b.accum_steps,
+                a.model, a.batch_size, a.gpus, start.accum_steps,
+            )  # fmt: skip
+            assert slowdown <= cap

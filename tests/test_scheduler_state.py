@@ -1,5 +1,6 @@
-"""The live scheduler's snapshot: views of waiting jobs are kept across rounds exactly
-while nothing they are built from changes."""
+"""The live scheduler's state and settings: views of waiting jobs are kept across rounds
+exactly while nothing they are built from changes; a resident slowdown cap is read from
+the environment."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from libs.common.schemas import GpuInfo, JobRecord, JobSpec, NodeInfo, Placement
 from libs.core.groundtruth import load_performance_model
+from services.scheduler.config import SchedulerConfig
 from services.scheduler.policies import make_policy
 from services.scheduler.state import Layout, LiveJob, Phase, build_snapshot, waiting_view
 
@@ -122,3 +124,21 @@ def test_a_live_job_compares_without_its_kept_view():
     twin = replace_dataclass(job)
     waiting_view(job, now=1.0)
     assert job == twin
+
+
+def test_the_scheduler_reads_a_resident_slowdown_cap_from_its_environment(monkeypatch):
+    monkeypatch.setenv("GPUSCHED_MAX_RESIDENT_SLOWDOWN", "1.5")
+    config = SchedulerConfig.from_env()
+    assert config.max_resident_slowdown == 1.5
+    policy = make_policy(config.policy, config.time_scale, config.max_resident_slowdown)
+    assert policy.max_resident_slowdown == 1.5  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("fast", "GPUSCHED_MAX_RESIDENT_SLOWDOWN: not a number"), ("0.9", "max_resident_slowdown")],
+)
+def test_a_bad_resident_slowdown_cap_is_refused_naming_it(monkeypatch, raw, expected):
+    monkeypatch.setenv("GPUSCHED_MAX_RESIDENT_SLOWDOWN", raw)
+    with pytest.raises(ValueError, match=expected):
+        SchedulerConfig.from_env()

@@ -124,9 +124,7 @@ def test_every_pending_job_gets_a_readable_reason():
     stretch=st.sampled_from([1.0, 1.1, 1.5, 2.0, 4.0]),
     residents=st.lists(st.floats(min_value=0.01, max_value=1e5), min_size=1, max_size=12),
 )
-def test_a_group_offers_exactly_the_residents_sharing_with_pays(
-    e_a, x_a, x_b, stretch, residents
-):
+def test_a_group_offers_exactly_the_residents_sharing_with_pays(e_a, x_a, x_b, stretch, residents):
     window = BenefitWindow.of(e_a, e_a * stretch, x_a, x_b)
     group = SlotGroup(key=("m",), resident=None, mem_used_mb=0.0, gpu_mem_mb=1)  # type: ignore[arg-type]
     group.remaining = sorted(residents)
@@ -136,3 +134,44 @@ def test_a_group_offers_exactly_the_residents_sharing_with_pays(
         t_seq = t_sequential(e_a, e_b)
         if abs(t_con - t_seq) > 1e-9 * (e_a + e_b) * stretch * x_a * x_b:
             assert (i in offered) == (t_con < t_seq), (e_b, window)
+
+
+# A (model a) beside B (model b): A runs 1.2x slower, B 2.0x slower
+CAPPED_PERF = TablePerf(
+    slowdown={("a", "b"): 1.2, ("b", "a"): 2.0, ("a", "c"): 1.2, ("c", "a"): 1.1}
+)
+
+
+def test_a_cap_on_the_residents_slowdown_refuses_a_partner_the_rule_would_share_with():
+    snap = snapshot(cluster(1, 1), CAPPED_PERF, [pending("a", 5)], [running("r", 100, (0,), "b")])
+    # t_seq = 100 + 5/2 = 102.5; A finishes first: t_con = 100/2 + (1 - 1/4) * 1.2 * 5 = 54.5
+    (start,) = SjfBsbf().decide(snap).starts
+    assert start.shares_with == ("r",)
+    (start,) = SjfBsbf(max_resident_slowdown=2.0).decide(snap).starts  # the cap is inclusive
+    assert start.shares_with == ("r",)
+    capped = SjfBsbf(max_resident_slowdown=1.5).decide(snap)
+    assert capped.starts == ()
+    assert "more than 1.5x (max_resident_slowdown)" in capped.why("a")
+
+
+def test_a_cap_steers_a_job_to_the_resident_it_slows_less_even_at_a_higher_t_con():
+    residents = [running("slowed", 30, (0,), "b"), running("spared", 60, (1,), "c")]
+    snap = snapshot(cluster(1, 2), CAPPED_PERF, [pending("a", 5)], residents)
+    # beside "slowed": 30/2 + 0.75 * 6 = 19.5; beside "spared": 60/2 + (1 - 1/2.2) * 6 = 33.3
+    (start,) = SjfBsbf().decide(snap).starts
+    assert start.shares_with == ("slowed",)
+    (start,) = SjfBsbf(max_resident_slowdown=1.5).decide(snap).starts
+    assert start.shares_with == ("spared",)
+
+
+@pytest.mark.parametrize("cap", [0.5, -1.0, float("nan"), "2"])
+def test_a_cap_below_one_is_refused_naming_the_field(cap):
+    with pytest.raises(ValueError, match="max_resident_slowdown"):
+        SjfBsbf(max_resident_slowdown=cap)
+
+
+def test_make_policy_gives_the_cap_to_the_sharing_policies_only():
+    assert make_policy("sjf-bsbf", max_resident_slowdown=1.5).max_resident_slowdown == 1.5
+    assert make_policy("sjf-ffs", max_resident_slowdown=1.5).max_resident_slowdown == 1.5
+    assert make_policy("sjf-bsbf").max_resident_slowdown is None
+    assert not hasattr(make_policy("tiresias", max_resident_slowdown=1.5), "max_resident_slowdown")

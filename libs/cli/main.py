@@ -140,6 +140,13 @@ def simulate(
             "speech, recommendation, rl or model names). Default: image=20,language=70,speech=10."
         ),
     ] = None,
+    max_resident_slowdown: Annotated[
+        float | None,
+        typer.Option(
+            help="sjf-bsbf and sjf-ffs also refuse a partner they would slow down by more "
+            "than this factor (>= 1; default: no cap, the rule as specified)."
+        ),
+    ] = None,
 ) -> None:
     """Replay a trace under one or more policies; print a table and write outputs."""
     out_console, err_console = _consoles()
@@ -147,7 +154,8 @@ def simulate(
         source = _trace_source(trace, synthetic_jobs)
         cluster_spec = _cluster_spec(cluster, nodes_file)
         job_mix = _parse_mix(mix)
-        names = check_policies(_policy_names(policy))  # fail before a long trace load
+        # fail before a long trace load
+        names = check_policies(_policy_names(policy), max_resident_slowdown)
         built = build_cluster(cluster_spec, data_dir)
         truth, estimates = build_models(data_dir, prediction_error, seed)
         workload = load_workload(
@@ -165,7 +173,16 @@ def simulate(
             err_console.print(Text(note, style="dim"), soft_wrap=True)
         config = SimConfig(restart_overhead_s=restart_overhead)
         with _progress_bars(err_console) as progress:
-            results = run_policies(workload.jobs, built, names, truth, estimates, config, progress)
+            results = run_policies(
+                workload.jobs,
+                built,
+                names,
+                truth,
+                estimates,
+                config,
+                progress,
+                max_resident_slowdown=max_resident_slowdown,
+            )
     except USER_ERRORS as exc:
         _fail(err_console, str(exc))
     except PolicyViolation as exc:  # a policy bug, not a user mistake: exit 1

@@ -41,6 +41,9 @@ class SchedulerConfig:
     time_scale: float = 1.0
     data_dir: Path | None = None
     predictor_timeout_s: float = 0.3
+    #: sjf-bsbf and sjf-ffs also refuse a partner they would slow by more than this
+    #: (None: no cap, the rule as specified)
+    max_resident_slowdown: float | None = None
 
     def __post_init__(self) -> None:
         if not self.nats_url:
@@ -50,9 +53,17 @@ class SchedulerConfig:
         if not self.instance or any(c in self.instance for c in ".*> "):
             raise ValueError(f"instance: {self.instance!r} may not hold dots, spaces or wildcards")
         for name in (
-            "lease_ttl_s", "lease_renew_s", "decide_every_s", "command_timeout_s",
-            "node_timeout_s", "missing_job_grace_s", "retry_backoff_s", "retry_backoff_max_s",
-            "progress_write_s", "time_scale", "predictor_timeout_s",
+            "lease_ttl_s",
+            "lease_renew_s",
+            "decide_every_s",
+            "command_timeout_s",
+            "node_timeout_s",
+            "missing_job_grace_s",
+            "retry_backoff_s",
+            "retry_backoff_max_s",
+            "progress_write_s",
+            "time_scale",
+            "predictor_timeout_s",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
@@ -60,6 +71,9 @@ class SchedulerConfig:
             raise ValueError("lease_renew_s: must be shorter than lease_ttl_s")
         if self.command_retries < 1:
             raise ValueError("command_retries: must be >= 1")
+        cap = self.max_resident_slowdown
+        if cap is not None and not cap >= 1.0:
+            raise ValueError(f"max_resident_slowdown: must be >= 1.0, got {cap}")
 
     @classmethod
     def from_env(cls, **overrides: object) -> SchedulerConfig:
@@ -69,6 +83,12 @@ class SchedulerConfig:
             values["policy"] = env["GPUSCHED_POLICY"]
         if "GPUSCHED_TIME_SCALE" in env:
             values["time_scale"] = float(env["GPUSCHED_TIME_SCALE"])
+        if env.get("GPUSCHED_MAX_RESIDENT_SLOWDOWN"):
+            raw = env["GPUSCHED_MAX_RESIDENT_SLOWDOWN"]
+            try:
+                values["max_resident_slowdown"] = float(raw)
+            except ValueError:
+                raise ValueError(f"GPUSCHED_MAX_RESIDENT_SLOWDOWN: not a number: {raw!r}") from None
         if env.get("GPUSCHED_DATA_DIR"):
             values["data_dir"] = Path(env["GPUSCHED_DATA_DIR"])
         values.update({k: v for k, v in overrides.items() if v is not None})

@@ -149,7 +149,7 @@ class LiveScheduler(Actor[Message]):
         self.config = config
         self.nc = nc
         self.stores = stores
-        self.policy = make_policy(config.policy, config.time_scale)
+        self.policy = make_policy(config.policy, config.time_scale, config.max_resident_slowdown)
         truth: PerformanceModel = load_performance_model(config.data_dir)
         self.estimates: PerformanceModel = ScaledModel(truth, config.time_scale)
         self.predictor = PredictorClient(nc, timeout_s=config.predictor_timeout_s)

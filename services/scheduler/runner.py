@@ -20,7 +20,7 @@ from libs.core.jobs import JobSpec
 from libs.core.perf import PerformanceModel
 from libs.core.traces import LoadedTrace, TraceJob, load_alibaba_nodes, load_trace
 from libs.core.workload import materialize, synthetic
-from services.scheduler.policies import POLICIES, make_policy
+from services.scheduler.policies import POLICIES, RESIDENT_CAP_POLICIES, make_policy
 from services.scheduler.results import SimResult
 from services.scheduler.simulator import SimConfig, simulate
 
@@ -161,11 +161,24 @@ def build_models(
 # ---------------------------------------------------------------------------- runs
 
 
-def check_policies(policy_names: Sequence[str]) -> list[str]:
-    """Validate names before any run starts, so a typo fails in seconds, not hours."""
+def check_policies(
+    policy_names: Sequence[str], max_resident_slowdown: float | None = None
+) -> list[str]:
+    """Validate names (and a resident slowdown cap) before any run starts, so a typo
+    fails in seconds, not hours."""
     for name in policy_names:
         make_policy(name)  # raises UnknownPolicyError listing the valid names
     names = [n.strip().lower() for n in policy_names] or list(POLICIES)
+    if max_resident_slowdown is not None:
+        if not max_resident_slowdown >= 1.0:
+            raise InputError(
+                f"max resident slowdown must be at least 1.0, got {max_resident_slowdown}"
+            )
+        if not set(names) & set(RESIDENT_CAP_POLICIES):
+            raise InputError(
+                "a max resident slowdown applies to the policies that share GPUs "
+                f"({', '.join(RESIDENT_CAP_POLICIES)}); none of them is selected"
+            )
     return list(dict.fromkeys(names))  # a policy named twice runs once
 
 
@@ -177,15 +190,16 @@ def run_policies(
     estimates: PerformanceModel | None = None,
     config: SimConfig | None = None,
     progress_factory: ProgressFactory | None = None,
+    max_resident_slowdown: float | None = None,
 ) -> list[SimResult]:
     """Simulate ``jobs`` under each policy (all of `POLICIES` when none are named).
 
-    ``progress_factory(policy, n_jobs)`` returns the progress callback for that run.
+    ``progress_factory(policy, n_jobs)`` returns the progress callback for that run;
+    ``max_resident_slowdown`` goes to the policies that share GPUs.
     """
     results = []
-    for name in check_policies(policy_names):
+    for name in check_policies(policy_names, max_resident_slowdown):
         progress = progress_factory(name, len(jobs)) if progress_factory else None
-        results.append(
-            simulate(cluster, jobs, make_policy(name), truth, estimates, config, progress)
-        )
+        policy = make_policy(name, max_resident_slowdown=max_resident_slowdown)
+        results.append(simulate(cluster, jobs, policy, truth, estimates, config, progress))
     return results

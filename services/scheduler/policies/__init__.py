@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from services.scheduler.policies.base import Policy
 from services.scheduler.policies.preemptive import Srtf, Tiresias
@@ -24,17 +25,28 @@ class UnknownPolicyError(ValueError):
         super().__init__(f"unknown policy {name!r}; valid policies: {', '.join(POLICIES)}")
 
 
-def make_policy(name: str, time_scale: float = 1.0) -> Policy:
+#: the policies that take ``max_resident_slowdown`` (they share GPUs)
+RESIDENT_CAP_POLICIES = ("sjf-ffs", "sjf-bsbf")
+
+
+def make_policy(
+    name: str, time_scale: float = 1.0, max_resident_slowdown: float | None = None
+) -> Policy:
     """The policy ``name``; ``time_scale`` (wall seconds per job second) turns the
-    durations of a policy that has any (``scaled``) into wall seconds."""
-    factory = POLICIES.get(name.strip().lower())
+    durations of a policy that has any (``scaled``) into wall seconds;
+    ``max_resident_slowdown`` caps how much a policy that shares GPUs may slow a running
+    job (see ``SjfBsbf``), and is ignored by the others (``RESIDENT_CAP_POLICIES``)."""
+    key = name.strip().lower()
+    factory = POLICIES.get(key)
     if factory is None:
         raise UnknownPolicyError(name)
     policy = factory()
+    if max_resident_slowdown is not None and isinstance(policy, SjfBsbf):
+        policy = replace(policy, max_resident_slowdown=max_resident_slowdown)
     scaled = getattr(policy, "scaled", None)
     if time_scale != 1.0 and scaled is not None:
         return scaled(time_scale)
     return policy
 
 
-__all__ = ["POLICIES", "Policy", "UnknownPolicyError", "make_policy"]
+__all__ = ["POLICIES", "RESIDENT_CAP_POLICIES", "Policy", "UnknownPolicyError", "make_policy"]

@@ -32,7 +32,7 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from libs.core.decision import Decision, Start
@@ -280,6 +280,9 @@ class Pairing:
         return BenefitWindow(e_alone * self.c_low1, e_alone * self.c_high1, e_alone * self.c_low2)
 
 
+Alike = tuple[tuple[Pairing, ...], tuple[Pairing, ...], tuple[float, float, float] | None, bool]
+
+
 @dataclass(frozen=True, slots=True)
 class Choice:
     score: float
@@ -298,17 +301,21 @@ class SjfBsbf:
     #: most queued jobs examined for sharing in one decision (the rest wait a round), so
     #: a decision over a long queue stays bounded, as Slurm's bf_max_job_test does
     share_lookahead: int = 256
+    #: also refuse a partner that sharing would slow by more than this factor (None: no
+    #: cap, the rule as specified). The pairwise benefit test does not see the jobs queued
+    #: behind a long resident, which a slowed resident keeps waiting; docs/results.md
+    #: measures caps on the Philly trace.
+    max_resident_slowdown: float | None = None
     _pairings: dict[tuple, tuple[Pairing, ...]] = field(
         default_factory=dict, compare=False, repr=False
     )
     _terms: dict[tuple, ShapeTerms] = field(default_factory=dict, compare=False, repr=False)
     #: per kind of pairing (see ``_group_pairings``), the slowdown row
     _rows: dict[tuple, SlowdownRow] = field(default_factory=dict, compare=False, repr=False)
-    #: per (job shape, kind of pairing), the pairings, those with a gap, and the bound's
-    #: coefficients (None: no pairing), shared by every group of that kind
-    _alike: dict[tuple, tuple[tuple[Pairing, ...], tuple[Pairing, ...], tuple | None]] = field(
-        default_factory=dict, compare=False, repr=False
-    )
+    #: per (job shape, kind of pairing), the pairings, those with a gap, the bound's
+    #: coefficients (None: no pairing) and whether the cap took every pairing away,
+    #: shared by every group of that kind
+    _alike: dict[tuple, Alike] = field(default_factory=dict, compare=False, repr=False)
     #: the pairings of ``_pairings`` whose benefit window has a gap
     _gaps: dict[tuple, tuple[Pairing, ...]] = field(default_factory=dict, compare=False, repr=False)
     _made: dict[tuple[int, float, float, float], Pairing] = field(
@@ -334,6 +341,16 @@ class SjfBsbf:
     #: the cluster and performance model the pairing caches were worked out for
     _basis: list[object] = field(default_factory=lambda: [None, None], compare=False, repr=False)
 
+    #: keys of ``_pairings`` with a sub-batch that fits but slows the resident past the cap
+    _capped: set[tuple] = field(default_factory=set, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        cap = self.max_resident_slowdown
+        if cap is not None and not (isinstance(cap, int | float) and cap >= 1.0):
+            raise ValueError(
+                f"max_resident_slowdown must be a slowdown of at least 1.0 (or None), got {cap!r}"
+            )
+
     def _sync(self, snapshot: Snapshot) -> None:
         """Forget the pairing caches when a snapshot brings another cluster or model."""
         basis = self._basis
@@ -347,6 +364,7 @@ class SjfBsbf:
             self._alike,
             self._gaps,
             self._coefs,
+            self._capped,
         ):
             cache.clear()
         self._no_share.clear()
@@ -485,16 +503,36 @@ class SjfBsbf:
             alike = self._alike.get((shape, kind))
             if alike is None:
                 pairings = pair(job, group, snapshot, terms, self._made, row)
+                capped = False
+                cap = self.max_resident_slowdown
+                if cap is not None and pairings:
+                    # a dominated pairing slows B at least as much as one that dominates
+                    # it, so capping after the dominance filter drops the same ones
+                    pairings = tuple(p for p in pairings if p.x_b <= cap)
+                    capped = not pairings
                 alike = self._alike[(shape, kind)] = (
                     pairings,
                     tuple(p for p in pairings if p.gap),
                     bound_coefficients(pairings) if pairings else None,
+                    capped,
                 )
-            pairings, self._gaps[key], coefs = alike
+            pairings, self._gaps[key], coefs, capped = alike
             self._pairings[key] = pairings
             if coefs is not None:
                 self._coefs[key] = coefs
+            if capped:
+                self._capped.add(key)
         return pairings
+
+    def _no_fit_reason(self, shape: tuple, group_keys: Iterable[tuple]) -> str:
+        """Why a job of ``shape`` pairs with none of the groups of ``group_keys``."""
+        capped = self._capped
+        if capped and any((shape, key) in capped for key in group_keys):
+            return (
+                f"sharing would slow every running job it fits beside by more than "
+                f"{self.max_resident_slowdown:g}x (max_resident_slowdown)"
+            )
+        return "no GPU holding a single job has memory for it"
 
     def _search(
         self, job: JobView, groups: list[SlotGroup], snapshot: Snapshot, open_slots: int = -1
@@ -726,7 +764,7 @@ class SjfBsbf:
                             recheck = at
                     i += 1
         if not fits:
-            why = "no GPU holding a single job has memory for it"
+            why = self._no_fit_reason(shape, (g.key for g in groups if g.remaining))
         else:
             why = "sharing with the running jobs would not lower mean completion time yet"
         if not gappy_any:
@@ -785,7 +823,10 @@ class SjfBsbf:
                 heapq.heappush(heap, (found[0], _SLOT, gi, pi, found[1]))
         # no partner: every group has been paired by now (the heap held them all)
         if not any(expanded.values()):
-            return None, math.inf, "no GPU holding a single job has memory for it"
+            shape = (job.model, job.batch_size, gpus)
+            # groups known to pair with nothing never entered the heap: ask of all of them
+            why = self._no_fit_reason(shape, (g.key for g in groups if g.remaining))
+            return None, math.inf, why
         wake = math.inf
         for gi, pairings in expanded.items():
             for pairing in pairings:
