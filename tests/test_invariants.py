@@ -85,15 +85,16 @@ job_strategy = st.tuples(
     rows=st.lists(job_strategy, min_size=1, max_size=25),
     nodes=st.integers(1, 3),
     policy_name=st.sampled_from(sorted(POLICIES)),
+    cap=st.sampled_from([None, None, 1.3]),  # a resident slowdown cap (sharing policies)
 )
 def test_every_policy_keeps_the_cluster_invariants_and_finishes_every_schedulable_job(
-    rows, nodes, policy_name
+    rows, nodes, policy_name, cap
 ):
     trace = [
         job(f"j{i}", submit, iters, gpus=gpus, model=model, batch=max(batch, gpus), share=share)
         for i, (submit, iters, gpus, model, batch, share) in enumerate(rows)
     ]
-    audited = Audited(make_policy(policy_name))
+    audited = Audited(make_policy(policy_name, max_resident_slowdown=cap))
     cl = cluster(nodes, 4, gpu_mem_mb=16_000)
     result = simulate(cl, trace, audited, PERF, config=SimConfig(restart_overhead_s=5.0))
     assert len(result.jobs) == len(trace)
