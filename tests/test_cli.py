@@ -415,3 +415,12 @@ def test_a_resident_slowdown_cap_that_cannot_apply_exits_2(tmp_path: Path, args,
     line = assert_one_line_error(*synthetic_run(tmp_path, "bad", *args)[:2])
     assert "max resident slowdown" in line
     assert expected in line
+
+
+def test_up_refuses_a_resident_slowdown_cap_below_one_before_starting_anything(tmp_path: Path):
+    result = runner.invoke(
+        app, ["up", "--max-resident-slowdown", "0.5", "--state-dir", str(tmp_path / "state")]
+    )
+    assert result.exit_code == 2, result.output
+    assert "max_resident_slowdown" in result.output
+    assert not (tmp_path / "state").exists()

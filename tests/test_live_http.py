@@ -190,3 +190,48 @@ async def test_two_torch_jobs_share_one_gpu_as_two_processes_with_the_chosen_acc
                     break
                 await asyncio.sleep(0.1)
             assert (await job(job_id))["state"] == "CANCELLED"
+
+
+async def submit(session: aiohttp.ClientSession, url: str, body: dict) -> str:
+    async with session.post(f"{url}/v1/jobs", json=body) as response:
+        assert response.status == 201, await response.text()
+        return (await response.json())["id"]
+
+
+async def record_when(session, url: str, job_id: str, check, timeout_s: float = 20.0) -> dict:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        async with session.get(f"{url}/v1/jobs/{job_id}") as response:
+            job = await response.json()
+        if check(job) or asyncio.get_running_loop().time() > deadline:
+            return job
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("cap", [None, 1.0])
+async def test_a_resident_slowdown_cap_given_to_up_reaches_the_live_scheduler(
+    nats_server, tmp_path, monkeypatch, cap
+):
+    monkeypatch.setenv("GPUSCHED_STATE_DIR", str(tmp_path / "state"))
+    config = UpConfig(
+        nodes=1, gpus_per_node=1, policy="sjf-bsbf", port=0, nats_url=nats_server.url,
+        state_dir=tmp_path / "state", time_scale=0.01, heartbeat_s=0.2,
+        max_resident_slowdown=cap,
+    )  # fmt: skip
+    async with LocalCluster(config) as cluster, aiohttp.ClientSession(
+        headers={"Authorization": f"Bearer {cluster.token}"}
+    ) as session:
+        long = {"name": "long", "model": "resnet18", "batch_size": 32, "iterations": 10**6}
+        resident = await submit(session, cluster.url, long)
+        await record_when(session, cluster.url, resident, lambda j: j["state"] == "RUNNING")
+        short = {"name": "short", "model": "resnet18", "batch_size": 32, "iterations": 10}
+        job_id = await submit(session, cluster.url, short)
+        if cap is None:  # the rule as specified: the short job shares the resident's GPU
+            job = await record_when(session, cluster.url, job_id, lambda j: j["shares_with"])
+            assert job["shares_with"] == [resident]
+        else:  # every slowdown is above 1.0: it waits, saying why
+            job = await record_when(
+                session, cluster.url, job_id, lambda j: "slowdown" in j["pending_reason"]
+            )
+            assert job["state"] == "QUEUED"
+            assert "by more than 1x (max_resident_slowdown)" in job["pending_reason"]

@@ -55,6 +55,13 @@ def register(app: typer.Typer) -> None:
             Path | None, typer.Option(help="Research profiles (default: built-in).")
         ] = None,
         token: Annotated[str | None, typer.Option(help="API token (default: a new one).")] = None,
+        max_resident_slowdown: Annotated[
+            float | None,
+            typer.Option(
+                help="sjf-bsbf and sjf-ffs also refuse a partner they would slow down by more "
+                "than this factor (>= 1; default: no cap)."
+            ),
+        ] = None,
     ) -> None:
         """Start a whole local cluster: nats-server, services and emulated nodes."""
         from libs.cli.client import up_file
@@ -71,6 +78,7 @@ def register(app: typer.Typer) -> None:
                 nodes=nodes, gpus_per_node=gpus_per_node, gpu_model=gpu_model, policy=policy,
                 host=host, port=port, jobs_mode=jobs.value, time_scale=time_scale,
                 state_dir=state_dir or up_file().parent, data_dir=data_dir, token=token,
+                max_resident_slowdown=max_resident_slowdown,
             )
         except ValueError as exc:
             err.print(f"[bold red]error:[/] {exc}")

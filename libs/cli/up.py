@@ -18,6 +18,7 @@ from services.predictor.config import PredictorConfig
 from services.predictor.service import PredictorService
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.live import SchedulerService
+from services.scheduler.policies.sjf_bsbf import resident_cap_problem
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class UpConfig:
     data_dir: Path | None = None
     token: str | None = None
     heartbeat_s: float = 1.0
+    #: see SchedulerConfig.max_resident_slowdown
+    max_resident_slowdown: float | None = None
 
     def __post_init__(self) -> None:
         if self.nodes < 0:
@@ -46,6 +49,9 @@ class UpConfig:
             raise ValueError(f"gpus_per_node: must be >= 1, got {self.gpus_per_node}")
         if self.time_scale <= 0:
             raise ValueError(f"time_scale: must be > 0, got {self.time_scale}")
+        problem = resident_cap_problem(self.max_resident_slowdown)
+        if problem:
+            raise ValueError(f"max_resident_slowdown: {problem}")
 
 
 class LocalCluster:
@@ -85,7 +91,7 @@ class LocalCluster:
             SchedulerService(
                 SchedulerConfig(
                     nats_url=url, policy=config.policy, time_scale=config.time_scale,
-                    data_dir=config.data_dir,
+                    data_dir=config.data_dir, max_resident_slowdown=config.max_resident_slowdown,
                     node_timeout_s=max(5.0, 5 * config.heartbeat_s),
                 )
             )

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.scheduler.policies import POLICIES, UnknownPolicyError
+from services.scheduler.policies.sjf_bsbf import resident_cap_problem
 
 
 def default_instance() -> str:
@@ -71,9 +72,9 @@ class SchedulerConfig:
             raise ValueError("lease_renew_s: must be shorter than lease_ttl_s")
         if self.command_retries < 1:
             raise ValueError("command_retries: must be >= 1")
-        cap = self.max_resident_slowdown
-        if cap is not None and not cap >= 1.0:
-            raise ValueError(f"max_resident_slowdown: must be >= 1.0, got {cap}")
+        problem = resident_cap_problem(self.max_resident_slowdown)
+        if problem:
+            raise ValueError(f"max_resident_slowdown: {problem}")
 
     @classmethod
     def from_env(cls, **overrides: object) -> SchedulerConfig:

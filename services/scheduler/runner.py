@@ -21,6 +21,7 @@ from libs.core.perf import PerformanceModel
 from libs.core.traces import LoadedTrace, TraceJob, load_alibaba_nodes, load_trace
 from libs.core.workload import materialize, synthetic
 from services.scheduler.policies import POLICIES, RESIDENT_CAP_POLICIES, make_policy
+from services.scheduler.policies.sjf_bsbf import resident_cap_problem
 from services.scheduler.results import SimResult
 from services.scheduler.simulator import SimConfig, simulate
 
@@ -170,10 +171,9 @@ def check_policies(
         make_policy(name)  # raises UnknownPolicyError listing the valid names
     names = [n.strip().lower() for n in policy_names] or list(POLICIES)
     if max_resident_slowdown is not None:
-        if not max_resident_slowdown >= 1.0:
-            raise InputError(
-                f"max resident slowdown must be at least 1.0, got {max_resident_slowdown}"
-            )
+        problem = resident_cap_problem(max_resident_slowdown)
+        if problem:
+            raise InputError(f"max resident slowdown: {problem}")
         if not set(names) & set(RESIDENT_CAP_POLICIES):
             raise InputError(
                 "a max resident slowdown applies to the policies that share GPUs "

@@ -61,6 +61,13 @@ _GROUP, _PAIRING, _SLOT = 0, 1, 2
 FAST_PATHS = True
 
 
+def resident_cap_problem(cap: object) -> str | None:
+    """What is wrong with ``cap`` as a ``max_resident_slowdown`` (None: nothing)."""
+    if cap is None or (isinstance(cap, int | float) and not isinstance(cap, bool) and cap >= 1):
+        return None
+    return f"must be a slowdown of at least 1.0, got {cap!r}"
+
+
 def t_sequential(e_a: float, e_b: float) -> float:
     """Mean completion time of A and B when A waits for B."""
     return e_b + e_a / 2
@@ -345,11 +352,9 @@ class SjfBsbf:
     _capped: set[tuple] = field(default_factory=set, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        cap = self.max_resident_slowdown
-        if cap is not None and not (isinstance(cap, int | float) and cap >= 1.0):
-            raise ValueError(
-                f"max_resident_slowdown must be a slowdown of at least 1.0 (or None), got {cap!r}"
-            )
+        problem = resident_cap_problem(self.max_resident_slowdown)
+        if problem:
+            raise ValueError(f"max_resident_slowdown: {problem}")
 
     def _sync(self, snapshot: Snapshot) -> None:
         """Forget the pairing caches when a snapshot brings another cluster or model."""
