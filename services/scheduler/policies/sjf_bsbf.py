@@ -151,9 +151,11 @@ class SlotIndex:
     def __init__(self) -> None:
         self.epoch = 0
         self.born: dict[int, int] = {}
-        #: the last build's slots, newest first; and the GPUs taken from them since
-        self.by_birth: list[tuple[int, float, int, SlotGroup]] = []
+        #: the GPUs taken from the last build's slots since it was made
         self.taken: set[int] = set()
+        #: the last build's groups, and its slots newest first (made when first asked for)
+        self._groups: list[SlotGroup] = []
+        self._by_birth: list[tuple[int, float, int, SlotGroup]] | None = None
         self._slots: dict[int, tuple[JobView, float]] = {}
         self._cluster: object = None
         self._estimates: object = None
@@ -206,14 +208,28 @@ class SlotIndex:
         self._cluster = snapshot.cluster
         self._estimates = snapshot.estimates
         ordered = [groups[k] for k in sorted(groups, key=repr)]
-        by_birth: list[tuple[int, float, int, SlotGroup]] = []
         for group in ordered:
             group.slots.sort(key=_slot_order)
             group.remaining = [slot[0] for slot in group.slots]
-            by_birth.extend((born[gpu], e_b, gpu, group) for e_b, gpu, _ in group.slots)
-        by_birth.sort(key=_birth_order)
-        self.by_birth = by_birth
+        self._groups = ordered
+        self._by_birth = None
         return ordered
+
+    @property
+    def by_birth(self) -> list[tuple[int, float, int, SlotGroup]]:
+        """(epoch of birth, E_b, GPU, group) of the last build's slots, newest first.
+        Made on first use: the slots taken since the build (gone from their groups) are
+        in ``taken``, which every reader skips anyway."""
+        if self._by_birth is None:
+            born = self.born
+            found = [
+                (born[gpu], e_b, gpu, group)
+                for group in self._groups
+                for e_b, gpu, _ in group.slots
+            ]
+            found.sort(key=_birth_order)
+            self._by_birth = found
+        return self._by_birth
 
     def born_since(self, since: int) -> Iterator[tuple[float, int, SlotGroup]]:
         """(E_b, GPU, group) of the slots born after epoch ``since`` still open, newest
