@@ -1,4 +1,4 @@
-"""The live scheduler's state and settings: views of waiting jobs are kept across rounds
+"""The live scheduler's state and settings: views of jobs are kept across rounds
 exactly while nothing they are built from changes; a resident slowdown cap is read from
 the environment."""
 
@@ -142,3 +142,56 @@ def test_a_bad_resident_slowdown_cap_is_refused_naming_it(monkeypatch, raw, expe
     monkeypatch.setenv("GPUSCHED_MAX_RESIDENT_SLOWDOWN", raw)
     with pytest.raises(ValueError, match=expected):
         SchedulerConfig.from_env()
+
+
+def running_job(job_id: str, iteration: int, iteration_at: float) -> LiveJob:
+    job = live_job(job_id)
+    job.phase = Phase.RUNNING
+    job.record = msgspec.structs.replace(job.record, placement=[Placement(node="n0", gpus=[0])])
+    job.running_since = 10.0
+    job.iteration, job.iteration_at = iteration, iteration_at
+    return job
+
+
+def test_a_running_jobs_view_is_kept_between_progress_reports_and_renewed_by_one():
+    job = running_job("r", iteration=100, iteration_at=50.0)
+    jobs = {"r": job}
+    where, policy = layout(1, 1), make_policy("sjf-bsbf")
+    (first,) = build_snapshot(60.0, where, jobs, PERF, policy).running
+    (again,) = build_snapshot(70.0, where, jobs, PERF, policy).running
+    assert again is first
+    assert (first.as_of, first.est_remaining_s) == (50.0, pytest.approx(90.0))
+    assert first.attained_gpu_s == pytest.approx(40.0)  # 1 GPU since 10.0, as of 50.0
+    job.iteration, job.iteration_at = 300, 65.0
+    (later,) = build_snapshot(70.0, where, jobs, PERF, policy).running
+    assert later is not first
+    assert (later.as_of, later.est_remaining_s) == (65.0, pytest.approx(70.0))
+    job.phase = Phase.STOPPING
+    (stopping,) = build_snapshot(75.0, where, jobs, PERF, policy).running
+    assert stopping is not later and stopping.progress_rate == 0.0
+
+
+def test_a_running_job_without_a_progress_report_gets_a_view_as_of_now_every_round():
+    jobs = {"r": running_job("r", iteration=0, iteration_at=0.0)}
+    where, policy = layout(1, 1), make_policy("sjf-bsbf")
+    (first,) = build_snapshot(60.0, where, jobs, PERF, policy).running
+    (second,) = build_snapshot(70.0, where, jobs, PERF, policy).running
+    assert (first.as_of, second.as_of) == (60.0, 70.0)
+
+
+def test_rounds_with_kept_running_views_decide_as_a_fresh_policy():
+    # one GPU held by a long job; queued jobs can only share it, or wait
+    jobs = {"r": running_job("r", iteration=10, iteration_at=50.0)}
+    jobs["r"].record = msgspec.structs.replace(jobs["r"].record, total_iterations=10**6)
+    for name, gpus in (("a", 1), ("b", 1), ("c", 2)):
+        jobs[name] = live_job(name, gpus)
+    where = layout(1, 1)
+    kept = make_policy("sjf-bsbf")
+    for now in (60.0, 61.0, 62.0):
+        snapshot = build_snapshot(now, where, jobs, PERF, kept)
+        got = kept.decide(snapshot)
+        want = make_policy("sjf-bsbf").decide(snapshot)
+        assert got.starts == want.starts
+        assert {j.job_id: got.why(j.job_id) for j in snapshot.pending} == {
+            j.job_id: want.why(j.job_id) for j in snapshot.pending
+        }

@@ -7,6 +7,7 @@ inside one snapshot, because the set of live nodes can change between rounds.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,8 +94,8 @@ class LiveJob:
     last_progress_write: float = 0.0
     iteration: int = 0
     iteration_at: float = 0.0
-    #: the view last offered while waiting, and what it was built from (see waiting_view)
-    _waiting_view: tuple[JobRecord, tuple[float, ...], JobView] | None = field(
+    #: the view last offered to the policy, and what it was built from (see _kept)
+    _kept_view: tuple[JobRecord, tuple, JobView] | None = field(
         default=None, repr=False, compare=False
     )
 
@@ -217,21 +218,59 @@ def _view(job: LiveJob, as_of: float, **extra: Any) -> JobView:
     )
 
 
+def _kept(job: LiveJob, inputs: tuple, make: Callable[[], JobView]) -> JobView:
+    """The job's view from the last round while its record (replaced, never changed in
+    place, when the job changes) and ``inputs`` are the same, else ``make()``, kept."""
+    record = job.record
+    cached = job._kept_view
+    if cached is not None and cached[0] is record and cached[1] == inputs:
+        return cached[2]
+    view = make()
+    job._kept_view = (record, inputs, view)
+    return view
+
+
 def waiting_view(job: LiveJob, now: float) -> JobView:
     """The view of a waiting job, the same object as last round's while nothing it is
     built from has changed. A waiting view does not age (it makes no progress and earns
     no service), so reusing it is exact, and a policy that remembers jobs by their view
     (SJF-BSBF's queued jobs without a partner) keeps what it learnt across rounds; it
     also spares a round most of the cost of a long queue."""
-    record = job.record  # replaced, never changed in place, when the job changes
-    inputs = (job.est_iteration_s, job.iteration, job.attained_gpu_s, job.queued_since)
-    cached = job._waiting_view
-    if cached is not None and cached[0] is record and cached[1] == inputs:
-        return cached[2]
-    view = _view(job, now, queued_since=job.queued_since)
-    if not job.running_since:  # otherwise its service grows until it is settled
-        job._waiting_view = (record, inputs, view)
-    return view
+
+    def make() -> JobView:
+        return _view(job, now, queued_since=job.queued_since)
+
+    if job.running_since:  # its service grows until it is settled: new every round
+        return make()
+    inputs = (job.phase, job.est_iteration_s, job.iteration, job.attained_gpu_s, job.queued_since)
+    return _kept(job, inputs, make)
+
+
+def running_view(job: LiveJob, now: float, gpu_ids: tuple[int, ...]) -> JobView:
+    """The view of a job holding GPUs, as of its last progress report, and the same
+    object as last round's while nothing it is built from has changed (a running view is
+    linear in time, see ``libs.core.snapshot``). Before its first report it is as of now,
+    so new every round."""
+
+    def make() -> JobView:
+        return _view(
+            job, job.iteration_at or now,
+            state=ViewState.RUNNING,
+            gpu_ids=gpu_ids,
+            accum_steps=job.record.accum_steps,
+            # a stopping job finishes nothing more; one being started not yet
+            progress_rate=1.0 if job.phase == Phase.RUNNING else 0.0,
+            queued_since=job.queued_since,
+            started_at=job.running_since,
+        )  # fmt: skip
+
+    if not job.iteration_at:
+        return make()
+    inputs = (
+        job.phase, gpu_ids, job.est_iteration_s, job.iteration, job.iteration_at,
+        job.attained_gpu_s, job.running_since, job.queued_since,
+    )  # fmt: skip
+    return _kept(job, inputs, make)
 
 
 def build_snapshot(
@@ -256,18 +295,7 @@ def build_snapshot(
             for gpu in gpu_ids:
                 load[gpu] += 1
                 memory[gpu] += mem
-            running.append(
-                _view(
-                    job, job.iteration_at or now,
-                    state=ViewState.RUNNING,
-                    gpu_ids=gpu_ids,
-                    accum_steps=record.accum_steps,
-                    # a stopping job finishes nothing more; one being started not yet
-                    progress_rate=1.0 if job.phase == Phase.RUNNING else 0.0,
-                    queued_since=job.queued_since,
-                    started_at=job.running_since,
-                )
-            )
+            running.append(running_view(job, now, gpu_ids))
         elif job.not_before <= now and not record.state.terminal:
             pending.append(waiting_view(job, now))
     sort = policy.queue_sort
