@@ -135,11 +135,15 @@ def test_the_scheduler_reads_a_resident_slowdown_cap_from_its_environment(monkey
 
 
 @pytest.mark.parametrize(
-    ("raw", "expected"),
-    [("fast", "GPUSCHED_MAX_RESIDENT_SLOWDOWN: not a number"), ("0.9", "max_resident_slowdown")],
+    ("variable", "raw", "expected"),
+    [
+        ("GPUSCHED_MAX_RESIDENT_SLOWDOWN", "fast", "GPUSCHED_MAX_RESIDENT_SLOWDOWN: not a number"),
+        ("GPUSCHED_MAX_RESIDENT_SLOWDOWN", "0.9", "max_resident_slowdown"),
+        ("GPUSCHED_TIME_SCALE", "quick", "GPUSCHED_TIME_SCALE: not a number"),
+    ],
 )
-def test_a_bad_resident_slowdown_cap_is_refused_naming_it(monkeypatch, raw, expected):
-    monkeypatch.setenv("GPUSCHED_MAX_RESIDENT_SLOWDOWN", raw)
+def test_a_bad_scheduler_setting_is_refused_naming_it(monkeypatch, variable, raw, expected):
+    monkeypatch.setenv(variable, raw)
     with pytest.raises(ValueError, match=expected):
         SchedulerConfig.from_env()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,14 +84,17 @@ class SchedulerConfig:
         if "GPUSCHED_POLICY" in env:
             values["policy"] = env["GPUSCHED_POLICY"]
         if "GPUSCHED_TIME_SCALE" in env:
-            values["time_scale"] = float(env["GPUSCHED_TIME_SCALE"])
+            values["time_scale"] = _number(env, "GPUSCHED_TIME_SCALE")
         if env.get("GPUSCHED_MAX_RESIDENT_SLOWDOWN"):
-            raw = env["GPUSCHED_MAX_RESIDENT_SLOWDOWN"]
-            try:
-                values["max_resident_slowdown"] = float(raw)
-            except ValueError:
-                raise ValueError(f"GPUSCHED_MAX_RESIDENT_SLOWDOWN: not a number: {raw!r}") from None
+            values["max_resident_slowdown"] = _number(env, "GPUSCHED_MAX_RESIDENT_SLOWDOWN")
         if env.get("GPUSCHED_DATA_DIR"):
             values["data_dir"] = Path(env["GPUSCHED_DATA_DIR"])
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
+
+
+def _number(env: Mapping[str, str], name: str) -> float:
+    try:
+        return float(env[name])
+    except ValueError:
+        raise ValueError(f"{name}: not a number: {env[name]!r}") from None
