@@ -401,6 +401,10 @@ def test_a_resident_slowdown_cap_reaches_the_sharing_policies_and_no_other(tmp_p
     assert spec["sjf-bsbf"]["shared_pairs"] > 0 and spec["sjf-ffs"]["shared_pairs"] > 0
     assert capped["sjf-bsbf"]["shared_pairs"] == capped["sjf-ffs"]["shared_pairs"] == 0
     assert capped["sjf"]["avg_jct_s"] == spec["sjf"]["avg_jct_s"]
+    # the summary says which runs had a cap
+    assert capped["sjf-bsbf"]["max_resident_slowdown"] == 1.0
+    assert "max_resident_slowdown" not in capped["sjf"]
+    assert "max_resident_slowdown" not in spec["sjf-bsbf"]
 
 
 @pytest.mark.parametrize(

@@ -70,6 +70,8 @@ class SimResult:
     timeline: tuple[TimelinePoint, ...]
     #: running jobs restarted with a new shape (each also paid the restart overhead)
     resizes: int = 0
+    #: the policy's cap on a resident's slowdown, where it has one (see ``SjfBsbf``)
+    max_resident_slowdown: float | None = None
 
     def finished(self) -> list[JobOutcome]:
         return [j for j in self.jobs if j.state == FINISHED]
@@ -92,4 +94,9 @@ class SimResult:
             "shared_pairs": self.shared_pairs,
             "wall_s": self.wall_s,
             "decisions": self.decisions,
+            **(
+                {"max_resident_slowdown": self.max_resident_slowdown}
+                if self.max_resident_slowdown is not None
+                else {}
+            ),
         }

@@ -555,6 +555,7 @@ class Simulator:
             wall_s=wall_s,
             decisions=self.decisions,
             timeline=thin(self.timeline, self.config.timeline_points),
+            max_resident_slowdown=getattr(self.policy, "max_resident_slowdown", None),
         )
 
 
