@@ -69,7 +69,6 @@ def register(app: typer.Typer) -> None:
         from libs.common.logging import configure_logging
         from services.scheduler.policies import UnknownPolicyError
 
-        configure_logging()
         err = Console(stderr=True)
         try:
             if policy.strip().lower() not in POLICIES:
@@ -83,6 +82,7 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             err.print(f"[bold red]error:[/] {exc}")
             raise typer.Exit(2) from None
+        configure_logging()
 
         async def run() -> None:
             stop = asyncio.Event()
