@@ -55,17 +55,9 @@ class SchedulerConfig:
         if not self.instance or any(c in self.instance for c in ".*> "):
             raise ValueError(f"instance: {self.instance!r} may not hold dots, spaces or wildcards")
         for name in (
-            "lease_ttl_s",
-            "lease_renew_s",
-            "decide_every_s",
-            "command_timeout_s",
-            "node_timeout_s",
-            "missing_job_grace_s",
-            "retry_backoff_s",
-            "retry_backoff_max_s",
-            "progress_write_s",
-            "time_scale",
-            "predictor_timeout_s",
+            "lease_ttl_s", "lease_renew_s", "decide_every_s", "command_timeout_s",
+            "node_timeout_s", "missing_job_grace_s", "retry_backoff_s", "retry_backoff_max_s",
+            "progress_write_s", "time_scale", "predictor_timeout_s",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")

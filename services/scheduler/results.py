@@ -80,7 +80,7 @@ class SimResult:
         done = self.finished()
         jcts = sorted(j.jct_s for j in done if j.jct_s is not None)
         queues = [j.queue_s for j in done]
-        return {
+        summary: dict[str, Any] = {
             "jobs": len(self.jobs),
             "finished": len(done),
             "unschedulable": sum(1 for j in self.jobs if j.state == UNSCHEDULABLE),
@@ -94,9 +94,7 @@ class SimResult:
             "shared_pairs": self.shared_pairs,
             "wall_s": self.wall_s,
             "decisions": self.decisions,
-            **(
-                {"max_resident_slowdown": self.max_resident_slowdown}
-                if self.max_resident_slowdown is not None
-                else {}
-            ),
         }
+        if self.max_resident_slowdown is not None:
+            summary["max_resident_slowdown"] = self.max_resident_slowdown
+        return summary

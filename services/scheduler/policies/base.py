@@ -144,6 +144,25 @@ def unschedulable_reason(job: JobView, snapshot: Snapshot) -> str | None:
     return None
 
 
+class ModelBasis:
+    """The cluster and performance model that a policy's cached work was computed for:
+    what depends on them is forgotten when a snapshot brings others."""
+
+    __slots__ = ("_cluster", "_estimates")
+
+    def __init__(self) -> None:
+        self._cluster: object = None
+        self._estimates: object = None
+
+    def moved(self, snapshot: Snapshot) -> bool:
+        """Whether ``snapshot`` brings another cluster or model than the last one asked
+        about (which it then remembers)."""
+        if snapshot.cluster is self._cluster and snapshot.estimates is self._estimates:
+            return False
+        self._cluster, self._estimates = snapshot.cluster, snapshot.estimates
+        return True
+
+
 class ShapeCache:
     """Per job shape (model, batch, GPUs), for one cluster and one performance model: why
     the shape can never run (None if it can) and the accumulation it runs alone with.
@@ -154,15 +173,12 @@ class ShapeCache:
     """
 
     def __init__(self) -> None:
-        self._cluster: object = None
-        self._estimates: object = None
+        self._basis = ModelBasis()
         self._bad: dict[tuple[str, int, int], str | None] = {}
         self._accum: dict[tuple[str, int, int], int] = {}
 
     def _sync(self, snapshot: Snapshot) -> None:
-        if snapshot.cluster is not self._cluster or snapshot.estimates is not self._estimates:
-            self._cluster = snapshot.cluster
-            self._estimates = snapshot.estimates
+        if self._basis.moved(snapshot):
             self._bad.clear()
             self._accum.clear()
 

@@ -39,6 +39,7 @@ from libs.core.decision import Decision, Start
 from libs.core.placement import FreeGpus
 from libs.core.snapshot import JobView, Snapshot
 from services.scheduler.policies.base import (
+    ModelBasis,
     QueueSort,
     ShapeCache,
     accum_choices,
@@ -157,8 +158,7 @@ class SlotIndex:
         self._groups: list[SlotGroup] = []
         self._by_birth: list[tuple[int, float, int, SlotGroup]] | None = None
         self._slots: dict[int, tuple[JobView, float]] = {}
-        self._cluster: object = None
-        self._estimates: object = None
+        self._basis = ModelBasis()
 
     def build(self, snapshot: Snapshot) -> list[SlotGroup]:
         groups: dict[tuple, SlotGroup] = {}
@@ -171,7 +171,7 @@ class SlotIndex:
         old_born = self.born
         born: dict[int, int] = {}
         new: list[int] = []
-        fresh = snapshot.cluster is not self._cluster or snapshot.estimates is not self._estimates
+        fresh = self._basis.moved(snapshot)
         if fresh:
             old = {}
         for job in snapshot.running:
@@ -205,8 +205,6 @@ class SlotIndex:
         self.born = born
         self.taken = set()
         self._slots = slots
-        self._cluster = snapshot.cluster
-        self._estimates = snapshot.estimates
         ordered = [groups[k] for k in sorted(groups, key=repr)]
         for group in ordered:
             group.slots.sort(key=_slot_order)
@@ -362,7 +360,7 @@ class SjfBsbf:
     #: when none of its pairings has a gap (then that does not depend on the job's E_a)
     _per_shape: dict[tuple, str] = field(default_factory=dict, compare=False, repr=False)
     #: the cluster and performance model the pairing caches were worked out for
-    _basis: list[object] = field(default_factory=lambda: [None, None], compare=False, repr=False)
+    _basis: ModelBasis = field(default_factory=ModelBasis, compare=False, repr=False)
 
     #: keys of ``_pairings`` with a sub-batch that fits but slows the resident past the cap
     _capped: set[tuple] = field(default_factory=set, compare=False, repr=False)
@@ -374,10 +372,8 @@ class SjfBsbf:
 
     def _sync(self, snapshot: Snapshot) -> None:
         """Forget the pairing caches when a snapshot brings another cluster or model."""
-        basis = self._basis
-        if basis[0] is snapshot.cluster and basis[1] is snapshot.estimates:
+        if not self._basis.moved(snapshot):
             return
-        basis[0], basis[1] = snapshot.cluster, snapshot.estimates
         for cache in (
             self._pairings,
             self._terms,
