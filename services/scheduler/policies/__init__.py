@@ -25,8 +25,8 @@ class UnknownPolicyError(ValueError):
         super().__init__(f"unknown policy {name!r}; valid policies: {', '.join(POLICIES)}")
 
 
-#: the policies that take ``max_resident_slowdown`` (they share GPUs)
-RESIDENT_CAP_POLICIES = ("sjf-ffs", "sjf-bsbf")
+#: the policies that take ``max_resident_slowdown`` (those that share GPUs)
+RESIDENT_CAP_POLICIES = tuple(n for n, make in POLICIES.items() if isinstance(make(), SjfBsbf))
 
 
 def make_policy(
@@ -36,8 +36,7 @@ def make_policy(
     durations of a policy that has any (``scaled``) into wall seconds;
     ``max_resident_slowdown`` caps how much a policy that shares GPUs may slow a running
     job (see ``SjfBsbf``), and is ignored by the others (``RESIDENT_CAP_POLICIES``)."""
-    key = name.strip().lower()
-    factory = POLICIES.get(key)
+    factory = POLICIES.get(name.strip().lower())
     if factory is None:
         raise UnknownPolicyError(name)
     policy = factory()
