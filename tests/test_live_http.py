@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 
 from libs.cli.up import LocalCluster, UpConfig
+from libs.common.embedded import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,6 +43,27 @@ async def events_until_done(session: aiohttp.ClientSession, url: str) -> list[di
             elif line.startswith("data:"):
                 seen.append({"event": kind, **json.loads(line.split(":", 1)[1])})
     return seen
+
+
+async def submit(session: aiohttp.ClientSession, url: str, body: dict) -> str:
+    async with session.post(f"{url}/v1/jobs", json=body) as response:
+        assert response.status == 201, await response.text()
+        return str((await response.json())["id"])
+
+
+async def job_record(session: aiohttp.ClientSession, url: str, job_id: str) -> dict:
+    async with session.get(f"{url}/v1/jobs/{job_id}") as response:
+        return dict(await response.json())
+
+
+async def record_when(
+    session: aiohttp.ClientSession, url: str, job_id: str, check, timeout_s: float = 20.0
+) -> dict:
+    async def matching() -> dict | None:
+        job = await job_record(session, url, job_id)
+        return job if check(job) else None
+
+    return await wait_until(matching, timeout_s=timeout_s, every_s=0.05)
 
 
 async def test_a_job_submitted_over_http_comes_back_running_then_succeeded(cluster):
@@ -137,14 +159,8 @@ async def test_two_torch_jobs_share_one_gpu_as_two_processes_with_the_chosen_acc
         headers={"Authorization": f"Bearer {cluster.token}"}
     ) as session:
 
-        async def submit(body: dict) -> str:
-            async with session.post(f"{cluster.url}/v1/jobs", json=body) as response:
-                assert response.status == 201, await response.text()
-                return str((await response.json())["id"])
-
         async def job(job_id: str) -> dict:
-            async with session.get(f"{cluster.url}/v1/jobs/{job_id}") as response:
-                return dict(await response.json())
+            return await job_record(session, cluster.url, job_id)
 
         async def running(job_id: str) -> dict:
             for _ in range(600):
@@ -154,11 +170,12 @@ async def test_two_torch_jobs_share_one_gpu_as_two_processes_with_the_chosen_acc
                 await asyncio.sleep(0.1)
             raise AssertionError(f"{job_id} stayed {current['state']}: {current['pending_reason']}")
 
-        first = await submit({"name": "resident", "model": "resnet18", "batch_size": 32,
-                              "iterations": 1_000_000})
+        resident_body = {"name": "resident", "model": "resnet18", "batch_size": 32,
+                         "iterations": 1_000_000}
+        first = await submit(session, cluster.url, resident_body)
         await running(first)
-        second = await submit({"name": "guest", "model": "ncf", "batch_size": 64,
-                               "iterations": 1_000_000})
+        guest_body = {"name": "guest", "model": "ncf", "batch_size": 64, "iterations": 1_000_000}
+        second = await submit(session, cluster.url, guest_body)
         guest = await running(second)
         resident = await job(first)
         assert guest["placement"] == resident["placement"] == [{"node": "node-0", "gpus": [0]}]
@@ -190,22 +207,6 @@ async def test_two_torch_jobs_share_one_gpu_as_two_processes_with_the_chosen_acc
                     break
                 await asyncio.sleep(0.1)
             assert (await job(job_id))["state"] == "CANCELLED"
-
-
-async def submit(session: aiohttp.ClientSession, url: str, body: dict) -> str:
-    async with session.post(f"{url}/v1/jobs", json=body) as response:
-        assert response.status == 201, await response.text()
-        return (await response.json())["id"]
-
-
-async def record_when(session, url: str, job_id: str, check, timeout_s: float = 20.0) -> dict:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        async with session.get(f"{url}/v1/jobs/{job_id}") as response:
-            job = await response.json()
-        if check(job) or asyncio.get_running_loop().time() > deadline:
-            return job
-        await asyncio.sleep(0.05)
 
 
 @pytest.mark.parametrize("cap", [None, 1.0])
