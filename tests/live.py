@@ -51,6 +51,7 @@ async def store_job(stores: Stores, job_spec: JobSpec, job_id: str | None = None
         history=[StateChange(JobState.QUEUED, now, "submitted")],
         pending_reason="waiting for the scheduler",
     )
+    await stores.mark_live(job_id)
     await stores.jobs.create(job_id, codec.encode(record))
     await stores.js.publish(
         subjects.job_submitted(job_id), codec.encode(JobSubmitted(job_id, now)),

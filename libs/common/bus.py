@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,10 +23,10 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from libs.common import subjects
+from libs.common import codec, subjects
 
 log = structlog.get_logger("gpusched.bus")
 
@@ -179,14 +180,62 @@ class Stores:
     """The JetStream objects of gpusched, created on first use by whichever service
     starts first (creation is idempotent)."""
 
-    def __init__(self, js: JetStreamContext, jobs: KeyValue, nodes: KeyValue, lease: KeyValue):
+    def __init__(
+        self,
+        js: JetStreamContext,
+        jobs: KeyValue,
+        nodes: KeyValue,
+        lease: KeyValue,
+        live: KeyValue,
+    ):
         self.js = js
         self.jobs = jobs
         self.nodes = nodes
         self.lease = lease
+        #: the index of unfinished jobs (see ``mark_live``)
+        self.live = live
 
     async def job_ids(self) -> list[str]:
+        """Every stored job, finished or not: grows without bound, so only for tools and
+        for building the live index once."""
         return await kv_keys(self.js, subjects.JOBS_BUCKET)
+
+    async def live_job_ids(self) -> list[str]:
+        """The jobs in the live index: every unfinished job, and for a short while a
+        finished one whose entry was not yet removed or an id whose record was never
+        written. Its size follows the jobs in flight, not the jobs ever stored."""
+        keys = await kv_keys(self.js, subjects.LIVE_BUCKET)
+        return [k for k in keys if k != subjects.LIVE_INDEX_COMPLETE_KEY]
+
+    async def mark_live(self, job_id: str) -> None:
+        """Enter a job into the live index (before its record exists is fine)."""
+        await self.live.put(job_id, codec.encode(time.time()))
+
+    async def unmark_live(self, job_id: str) -> None:
+        """Take a finished job out of the live index. The key's messages are purged from
+        the bucket's stream rather than deleted, so no delete marker stays behind for
+        every job that ever ran."""
+        await self.js.purge_stream(
+            f"KV_{subjects.LIVE_BUCKET}", subject=f"$KV.{subjects.LIVE_BUCKET}.{job_id}"
+        )
+
+    async def live_marked_at(self, job_id: str) -> float | None:
+        """When the job entered the live index; None when it is not there."""
+        try:
+            entry = await self.live.get(job_id)
+        except KeyNotFoundError:
+            return None
+        return codec.decode(entry.value, float) if entry.value else None
+
+    async def live_index_complete(self) -> bool:
+        try:
+            await self.live.get(subjects.LIVE_INDEX_COMPLETE_KEY)
+        except KeyNotFoundError:
+            return False
+        return True
+
+    async def mark_live_index_complete(self) -> None:
+        await self.live.put(subjects.LIVE_INDEX_COMPLETE_KEY, codec.encode(time.time()))
 
     async def node_names(self) -> list[str]:
         return await kv_keys(self.js, subjects.NODES_BUCKET)
@@ -228,4 +277,7 @@ class Stores:
                 storage=StorageType.FILE,
             ),
         )
-        return cls(js, jobs, nodes, lease)
+        live = await _bucket(
+            js, KeyValueConfig(bucket=subjects.LIVE_BUCKET, history=1, storage=StorageType.FILE)
+        )
+        return cls(js, jobs, nodes, lease, live)

@@ -173,12 +173,20 @@ class JobProgressEvent(msgspec.Struct, frozen=True, kw_only=True):
     progress: Progress
 
 
+class RunRef(msgspec.Struct, frozen=True):
+    job_id: str
+    run_id: int
+
+
 class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     """Sent by every agent each second: what really runs there."""
 
     node: str
     at: float
     running: list[RunningJob] = []
+    #: runs that ended whose exit is still on its way to the jobs stream: the scheduler
+    #: must not take them for lost
+    exiting: list[RunRef] = []
 
 
 class GpuTelemetry(msgspec.Struct, frozen=True, kw_only=True):

@@ -21,6 +21,10 @@ SCHEDULER_CONSUMER = "scheduler"
 JOBS_BUCKET = "gpusched_jobs"
 NODES_BUCKET = "gpusched_nodes"
 LEASE_BUCKET = "gpusched_lease"
+#: one key per job that is not finished, so a new leader reads only those
+LIVE_BUCKET = "gpusched_live"
+#: in LIVE_BUCKET: present once the index holds every unfinished job of the store
+LIVE_INDEX_COMPLETE_KEY = "_complete"
 #: what the predictor has learned (key ``PREDICTOR_LEARNED_KEY``), kept across restarts
 PREDICTOR_BUCKET = "gpusched_predictor"
 PREDICTOR_LEARNED_KEY = "learned"

@@ -280,6 +280,9 @@ class AdmissionApi:
                 return await self._replay(stored, tenant, spec)
             data = codec.encode(record)
             try:
+                # indexed first, so the scheduler finds the job even if this instance dies
+                # before the submission is published
+                await self.stores.mark_live(job_id)
                 # ids are built subject-safe here; skip the client's regex check on the hot path
                 revision = await self.stores.jobs.create(job_id, data, validate_keys=False)
             except KeyWrongLastSequenceError:

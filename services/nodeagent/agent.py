@@ -39,6 +39,7 @@ from libs.common.schemas import (
     Progress,
     ResizeJob,
     RunningJob,
+    RunRef,
     StartJob,
     StopJob,
     Telemetry,
@@ -214,6 +215,8 @@ class NodeAgent(Actor[AgentMessage]):
         self._runs: dict[str, _Run] = {}
         self._ended: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._deliveries: dict[asyncio.Task[None], str] = {}
+        #: the run of each exit being delivered, listed in heartbeats until it is stored
+        self._exiting: dict[asyncio.Task[None], RunRef] = {}
         self._registered = False
         self._registering = False
         self._seen_reconnects = 0
@@ -874,7 +877,9 @@ class NodeAgent(Actor[AgentMessage]):
     def _deliver(self, exit: JobExit) -> None:
         task = asyncio.create_task(self._publish_exit(exit), name=f"exit-{exit.job_id}")
         self._deliveries[task] = exit.job_id
+        self._exiting[task] = RunRef(exit.job_id, exit.run_id)
         task.add_done_callback(self._deliveries.pop)
+        task.add_done_callback(self._exiting.pop)
 
     async def _publish_exit(self, exit: JobExit) -> None:
         """Store the exit in JetStream, retrying until it is taken: the server may be
@@ -969,7 +974,10 @@ class NodeAgent(Actor[AgentMessage]):
 
     async def _heartbeat(self) -> None:
         self._check_registration()
-        beat = Heartbeat(node=self.config.name, at=time.time(), running=self._running())
+        beat = Heartbeat(
+            node=self.config.name, at=time.time(), running=self._running(),
+            exiting=list(self._exiting.values()),
+        )
         await self._publish(subjects.node_heartbeat(self.config.name), beat, "heartbeat")
 
     async def _telemetry(self) -> None:

@@ -27,7 +27,7 @@ from nats import micro
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from libs.common import codec, subjects
 from libs.common.actor import Actor
@@ -75,6 +75,43 @@ SCHEDULER_VERSION = "0.1.0"
 
 #: how often the leader looks for stored jobs it was never told about
 RESCAN_S = 30.0
+#: a live-index entry without a record after this long is one of a submit that failed
+ORPHAN_INDEX_S = 120.0
+
+
+class RecordConflict(Exception):
+    """A job record changed under the scheduler: another writer (a second leader during
+    a lease handover) got there first. The write is dropped, never forced."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job {job_id}: record changed by another writer")
+        self.job_id = job_id
+
+
+class Liveness:
+    """When heartbeats arrived, written by the heartbeat subscription as each one comes
+    in, ahead of the actor's queue. A backlogged actor handles a beat late; judging a
+    node by that would declare healthy nodes lost. The actor only reads it."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, float] = {}
+        self._runs: dict[tuple[str, int], float] = {}
+
+    def saw(self, beat: Heartbeat, arrived: float) -> None:
+        self._nodes[beat.node] = arrived
+        for run in beat.running:
+            self._runs[(run.job_id, run.run_id)] = arrived
+        for ended in beat.exiting:
+            self._runs[(ended.job_id, ended.run_id)] = arrived
+
+    def node_seen(self, node: str) -> float:
+        return self._nodes.get(node, 0.0)
+
+    def run_seen(self, job_id: str, run_id: int | None) -> float:
+        return 0.0 if run_id is None else self._runs.get((job_id, run_id), 0.0)
+
+    def forget_run(self, job_id: str, run_id: int) -> None:
+        self._runs.pop((job_id, run_id), None)
 
 
 # ---- messages to the actor ----------------------------------------------------------
@@ -154,9 +191,12 @@ class LiveScheduler(Actor[Message]):
         self.estimates: PerformanceModel = ScaledModel(truth, config.time_scale)
         self.predictor = PredictorClient(nc, timeout_s=config.predictor_timeout_s)
         self.jobs: dict[str, LiveJob] = {}
-        #: ids of jobs known to be finished, so a rescan does not read them again
+        #: ids of jobs known to be finished, so a late message does not read them again
         self.settled: set[str] = set()
         self.nodes: dict[str, LiveNode] = {}
+        self.liveness = Liveness()
+        #: when the first round after taking the lead started a job (None: not yet)
+        self.first_start_at: float | None = None  # see bench/takeover.py
         self.layout: Layout | None = None
         self.round_queued = False
         self.rounds = 0
@@ -191,49 +231,95 @@ class LiveScheduler(Actor[Message]):
         self._relayout()
 
     async def _load_jobs(self) -> None:
-        for key in await self.stores.job_ids():
-            await self._adopt(key)
+        """Read the unfinished jobs only: the live index, not every job ever stored."""
+        if not await self.stores.live_index_complete():
+            await self._build_live_index()
+        keys = await self.stores.live_job_ids()
+        records = await asyncio.gather(*(self._read(key) for key in keys))
+        for key, stored in zip(keys, records, strict=True):
+            if stored is not None:
+                await self._take(key, *stored)
+
+    async def _build_live_index(self) -> None:
+        """Once per store, written before the index existed: enter every unfinished job."""
+        keys = await self.stores.job_ids()
+        self.log.info("building the index of unfinished jobs", stored=len(keys))
+        for key in keys:
+            stored = await self._read(key)
+            if stored is not None and not stored[0].state.terminal:
+                await self.stores.mark_live(key)
+        await self.stores.mark_live_index_complete()
 
     async def _rescan(self) -> None:
-        """Adopt stored jobs whose submission message never came (a crash between the
-        two writes of a submit)."""
+        """Adopt indexed jobs whose submission message never came (a crash between the
+        writes of a submit), and drop index entries of finished jobs or of records never
+        written."""
         try:
-            keys = await self.stores.job_ids()
+            keys = await self.stores.live_job_ids()
         except Exception as exc:
             self.log.debug("rescan failed", error=str(exc))
             return
         for key in keys:
-            if key in self.jobs or key in self.settled:
+            if key in self.jobs:
                 continue
-            if await self._adopt(key) is not None:
+            if key in self.settled:
+                await self._unmark_live(key)
+                continue
+            stored = await self._read(key)
+            if stored is None:
+                marked = await self.stores.live_marked_at(key)
+                if marked is not None and time.time() - marked > ORPHAN_INDEX_S:
+                    await self._unmark_live(key)
+                continue
+            if await self._take(key, *stored) is not None:
                 self.log.info("adopted a job without a submission message", job_id=key)
                 self._request_round()
 
-    async def _adopt(self, job_id: str) -> LiveJob | None:
-        """Take a stored record into the picture (a submission, or state after takeover)."""
-        if job_id in self.jobs:
-            return self.jobs[job_id]
+    async def _unmark_live(self, job_id: str) -> None:
+        try:
+            await self.stores.unmark_live(job_id)
+        except Exception as exc:  # the next rescan tries again
+            self.log.debug("could not unmark a finished job", job_id=job_id, error=str(exc))
+
+    async def _read(self, job_id: str) -> tuple[JobRecord, int] | None:
         try:
             entry = await self.stores.jobs.get(job_id)
         except KeyNotFoundError:
             return None
         if not entry.value or entry.revision is None:
             return None
-        record = codec.decode(entry.value, JobRecord)
+        return codec.decode(entry.value, JobRecord), entry.revision
+
+    async def _adopt(self, job_id: str) -> LiveJob | None:
+        """Take a stored record into the picture (a submission, a cancel)."""
+        if job_id in self.jobs:
+            return self.jobs[job_id]
+        stored = await self._read(job_id)
+        if stored is None:
+            return None
+        job = await self._take(job_id, *stored)
+        if job is not None:
+            await self.stores.mark_live(job_id)
+        return job
+
+    async def _take(self, job_id: str, record: JobRecord, revision: int) -> LiveJob | None:
+        if job_id in self.jobs:
+            return self.jobs[job_id]
         if record.state.terminal:
             self.settled.add(job_id)
+            await self._unmark_live(job_id)
             return None
         try:
             est = self._profiled_iteration_s(record)
         except UnknownModelError as exc:
-            job = LiveJob(record, entry.revision, est_iteration_s=0.0)
+            job = LiveJob(record, revision, est_iteration_s=0.0)
             self.jobs[job_id] = job
             await self._finish(job, JobState.FAILED, str(exc))
             return None
         now = time.time()
         job = LiveJob(
             record,
-            entry.revision,
+            revision,
             est_iteration_s=est,
             queued_since=record.history[-1].at if record.history else record.submitted_at,
             iteration=record.progress.iteration,
@@ -276,6 +362,16 @@ class LiveScheduler(Actor[Message]):
 
     # ---- dispatch -------------------------------------------------------------------
     async def handle(self, message: Message) -> None:
+        try:
+            await self._handle(message)
+        except RecordConflict as conflict:
+            await self._resync(conflict.job_id)
+            if isinstance(message, Durable):
+                # handled against a record that was not the latest: handle it again later
+                with contextlib.suppress(Exception):
+                    await message.msg.nak(delay=0.5)
+
+    async def _handle(self, message: Message) -> None:
         match message:
             case Durable(msg):
                 await self._durable(msg)
@@ -323,15 +419,26 @@ class LiveScheduler(Actor[Message]):
 
     # ---- records --------------------------------------------------------------------
     async def _write(self, job: LiveJob, record: JobRecord) -> None:
-        """Compare-and-set the record; a conflict means a stale writer, and we win."""
+        """Compare-and-set the record. A conflict means someone else wrote it since we
+        read it; their record stands and ``RecordConflict`` makes the actor read it back
+        (see ``_resync``)."""
         data = codec.encode(record)
         try:
             job.revision = await self.stores.jobs.update(job.id, data, last=job.revision)
         except KeyWrongLastSequenceError:
-            entry = await self.stores.jobs.get(job.id)
-            self.log.warning("record changed under us; overwriting", job_id=job.id)
-            job.revision = await self.stores.jobs.update(job.id, data, last=entry.revision)
+            raise RecordConflict(job.id) from None
         job.record = record
+
+    async def _resync(self, job_id: str) -> None:
+        """Forget our picture of a job whose record another writer changed and take the
+        stored one instead: it is newer than anything we know."""
+        self.log.warning("record changed by another writer; reading it back", job_id=job_id)
+        self.jobs.pop(job_id, None)
+        self.settled.discard(job_id)
+        stored = await self._read(job_id)
+        if stored is not None:
+            await self._take(job_id, *stored)
+        self._request_round()
 
     async def _transition(
         self, job: LiveJob, state: JobState, reason: str, **changes: Any
@@ -365,6 +472,7 @@ class LiveScheduler(Actor[Message]):
         await self._transition(job, state, reason, **changes)
         self.jobs.pop(job.id, None)
         self.settled.add(job.id)
+        await self._unmark_live(job.id)
         self._request_round()
 
     async def _requeue(self, job: LiveJob, state: JobState, reason: str, **changes: Any) -> None:
@@ -475,7 +583,10 @@ class LiveScheduler(Actor[Message]):
     async def _sweep(self) -> None:
         now = time.time()
         await self._refresh_nodes()
-        lost = [n for n in self.nodes.values() if now - n.last_beat > self.config.node_timeout_s]
+        lost = [
+            n for n in self.nodes.values()
+            if now - self._node_seen(n) > self.config.node_timeout_s
+        ]
         for node in lost:
             self.log.warning("node lost: heartbeats stopped", node=node.name)
             del self.nodes[node.name]
@@ -493,12 +604,26 @@ class LiveScheduler(Actor[Message]):
                 await self._lost(job, f"node {', '.join(sorted(nodes))} lost")
             elif (
                 job.phase in (Phase.RUNNING, Phase.STOPPING)
-                and now - job.last_seen > self.config.missing_job_grace_s
+                and now - self._job_seen(job) > self.config.missing_job_grace_s
             ):
                 await self._lost(job, "its node no longer reports it running")
         if self.wake_at is not None and now >= self.wake_at:
             self.wake_at = None
             self._request_round()
+
+    def _node_seen(self, node: LiveNode) -> float:
+        """When the node's last heartbeat arrived: deregistration (``last_beat`` set to
+        0) overrides what arrived before it."""
+        if node.last_beat == 0.0:
+            return 0.0
+        return max(node.last_beat, self.liveness.node_seen(node.name))
+
+    def _job_seen(self, job: LiveJob) -> float:
+        return max(
+            job.last_seen,
+            self.liveness.run_seen(job.id, job.record.run_id),
+            self.liveness.run_seen(job.id, job.resizing_from),
+        )
 
     async def _refresh_nodes(self) -> None:
         """Deregistered nodes leave at once rather than after a heartbeat timeout."""
@@ -509,7 +634,29 @@ class LiveScheduler(Actor[Message]):
         for name in [n for n in self.nodes if n not in keys]:
             self.nodes[name].last_beat = 0.0
 
+    async def _stored_exit(self, job: LiveJob) -> JobExit | None:
+        """The exit of the job's current run if its node stored one that we have not
+        handled yet (it waits in the jobs stream behind other work)."""
+        try:
+            raw = await self.stores.js.get_last_msg(subjects.JOBS_STREAM, subjects.job_exit(job.id))
+        except NotFoundError:
+            return None
+        if not raw.data:
+            return None
+        try:
+            exit = codec.decode(raw.data, JobExit)
+        except msgspec.DecodeError:
+            return None
+        return exit if exit.run_id == job.record.run_id else None
+
     async def _lost(self, job: LiveJob, why: str) -> None:
+        # a run that ended has its exit stored before its node forgets it: that exit, not
+        # a requeue, is the job's fate, or a finished job would run again
+        exit = await self._stored_exit(job)
+        if exit is not None:
+            self.log.info("exit found for a job its node no longer lists", job_id=job.id)
+            await self._exit(exit)
+            return
         for part in job.record.placement:
             if part.node in self.nodes:
                 self._send_stop(part.node, job.id, job.record.run_id, "lost")
@@ -544,6 +691,8 @@ class LiveScheduler(Actor[Message]):
             await self._resize(resize)
         for start in decision.starts:
             await self._start(start, snapshot.now)
+        if decision.starts and self.first_start_at is None:
+            self.first_start_at = time.time()
         started_ids = {s.job_id for s in decision.starts}
         for view in snapshot.pending:
             if view.job_id not in started_ids:
@@ -871,8 +1020,7 @@ class SchedulerService:
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(scheduler)
             beats = await self.nc.subscribe(
-                subjects.ALL_HEARTBEATS,
-                cb=functools.partial(_tell, scheduler, Heartbeat, Beat),
+                subjects.ALL_HEARTBEATS, cb=functools.partial(_heartbeat_arrived, scheduler)
             )
             stack.push_async_callback(_unsubscribe, beats)
             progress = await self.nc.subscribe(
@@ -938,6 +1086,16 @@ async def _tell(scheduler: LiveScheduler, kind: type, wrap: type, msg: Msg) -> N
         scheduler.tell(wrap(codec.decode(msg.data, kind)))
     except msgspec.DecodeError as exc:
         log.warning("dropping undecodable message", subject=msg.subject, error=str(exc))
+
+
+async def _heartbeat_arrived(scheduler: LiveScheduler, msg: Msg) -> None:
+    try:
+        beat = codec.decode(msg.data, Heartbeat)
+    except msgspec.DecodeError as exc:
+        log.warning("dropping undecodable message", subject=msg.subject, error=str(exc))
+        return
+    scheduler.liveness.saw(beat, arrived=time.time())
+    scheduler.tell(Beat(beat))
 
 
 async def _unsubscribe(sub: Any) -> None:
