@@ -86,3 +86,30 @@ def test_only_unfinished_placed_jobs_count_as_placed():
     assert [job_id for job_id, _ in index.placed()] == ["j1"]
     index.apply(3, "j1", record("j1", state=JobState.SUCCEEDED, placement=placement))
     assert list(index.placed()) == []
+
+
+def test_a_job_that_finishes_or_is_deleted_is_reported_once_with_its_tenant():
+    finished: list[tuple[str, str]] = []
+    index = JobIndex(on_finished=lambda tenant, job_id: finished.append((tenant, job_id)))
+    index.apply(1, "j1", record("j1", gpus=2))
+    index.apply(2, "j2", record("j2", tenant="beta"))
+    index.apply(3, "j3", record("j3", state=JobState.SUCCEEDED))
+
+    index.apply(4, "j1", record("j1", gpus=2, state=JobState.RUNNING))
+    index.apply(5, "j1", record("j1", gpus=2, state=JobState.CANCELLED))
+    index.apply(6, "j1", None)
+    index.apply(7, "j2", None)
+
+    assert finished == [("alpha", "j1"), ("beta", "j2")]
+    assert (index.status("j1"), index.status("j3"), index.status("nope")) == (None, False, None)
+
+
+def test_unfinished_lists_the_tenants_jobs_that_still_hold_gpus():
+    index = JobIndex()
+    index.apply(1, "j1", record("j1", gpus=2))
+    index.apply(2, "j2", record("j2", gpus=3, state=JobState.RUNNING))
+    index.apply(3, "j3", record("j3", tenant="beta"))
+    index.apply(4, "j4", record("j4", state=JobState.FAILED))
+
+    assert index.unfinished("alpha") == {"j1": 2, "j2": 3}
+    assert index.status("j2") is True

@@ -30,7 +30,7 @@ from libs.common.schemas import (
     now,
 )
 from libs.core.groundtruth import load_performance_model
-from services.admission import problems
+from services.admission import problems, quota
 from services.admission.auth import Authenticator
 from services.admission.config import AdmissionConfig
 from services.admission.ids import (
@@ -44,6 +44,8 @@ from services.admission.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from services.admission.metrics import UNMATCHED_ROUTE, Metrics
 from services.admission.openapi import build_openapi
 from services.admission.problems import ProblemError
+from services.admission.quota import QuotaExceeded, Quotas
+from services.admission.quota import open_bucket as open_quota_bucket
 from services.admission.specs import ACCEPTED_TYPES, accepts, decode_spec, total_iterations
 from services.admission.state import JobIndex, KvMirror, NodeIndex, TelemetryCache
 from services.admission.views import (
@@ -112,13 +114,13 @@ class AdmissionApi:
             raise ValueError("models: at least one model name is needed")
         self.auth = Authenticator(config.tokens)
         self.metrics = Metrics()
-        self.jobs = JobIndex()
+        self.jobs = JobIndex(on_finished=self._job_finished)
         self.nodes = NodeIndex()
         self.telemetry = TelemetryCache()
         self.job_mirror = KvMirror(nc, stores.jobs, self.jobs.apply, "jobs")
         self.node_mirror = KvMirror(nc, stores.nodes, self.nodes.apply, "nodes")
-        #: GPUs of submissions between their quota check and their record being indexed
-        self._reserved: dict[str, int] = {}
+        #: the shared quota ledgers, opened when the app starts
+        self._quotas: Quotas | None = None
         self._streams: set[asyncio.Queue[tuple[str, bytes]]] = set()
         self._openapi = _json.encode(build_openapi())
 
@@ -136,13 +138,22 @@ class AdmissionApi:
 
     # ------------------------------------------------------------------ lifecycle
 
+    @property
+    def quotas(self) -> Quotas:
+        if self._quotas is None:
+            raise RuntimeError("the admission app has not started")
+        return self._quotas
+
     async def background(self, app: web.Application) -> AsyncIterator[None]:
         if self.config.open:
             log.warning("no tokens configured: the API is open, every caller is 'default'")
+        self._quotas = Quotas(await open_quota_bucket(self.stores.js), self.config.quotas)
         await self.telemetry.start(self.nc)
         tasks = [
+            asyncio.create_task(self.quotas.run(), name="admission-quotas"),
             asyncio.create_task(self.job_mirror.run(), name="admission-jobs-mirror"),
             asyncio.create_task(self.node_mirror.run(), name="admission-nodes-mirror"),
+            asyncio.create_task(self._reconcile_quotas(), name="admission-quota-reconcile"),
         ]
         try:
             try:
@@ -157,6 +168,30 @@ class AdmissionApi:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await self.telemetry.stop()
+
+    def _job_finished(self, tenant: str, job_id: str) -> None:
+        if self._quotas is not None:
+            self._quotas.release(tenant, job_id)
+
+    async def _reconcile_quotas(self) -> None:
+        """Frees reservations of finished and abandoned submissions, now and then."""
+        await self.job_mirror.synced.wait()
+        while True:
+            if self.nc.is_connected:
+                try:
+                    await self.quotas.reconcile(
+                        self.jobs.status, self.jobs.unfinished, self._stored
+                    )
+                except (nats.errors.Error, TimeoutError) as exc:
+                    log.debug("quota reconciliation failed", error=repr(exc))
+            await asyncio.sleep(quota.RECONCILE_S)
+
+    async def _stored(self, job_id: str) -> bool:
+        try:
+            entry = await self.stores.jobs.get(job_id)
+        except (KeyNotFoundError, KeyDeletedError):
+            return False
+        return entry.value is not None
 
     async def end_streams(self, app: web.Application) -> None:
         for queue in list(self._streams):
@@ -258,59 +293,91 @@ class AdmissionApi:
             stored = await self._read(job_id)
             if stored is not None:
                 return await self._replay(stored, tenant, spec)
-        for _ in range(3):
-            at = now()
-            record = JobRecord(
-                id=job_id,
-                tenant=tenant,
-                spec=spec,
-                total_iterations=iterations,
-                state=JobState.QUEUED,
-                submitted_at=at,
-                history=[StateChange(JobState.QUEUED, at, "submitted")],
-                pending_reason=PENDING_REASON,
-            )
+        for attempt in range(3):
+            if attempt and key is None:
+                job_id = new_job_id()
+            # True while this request may hold a reservation it has to give back
+            owned = True
             try:
-                self._reserve(tenant, spec.gpus)
-            except ProblemError:
-                # the mirror may not have seen a job this key created a moment ago
-                stored = await self._read(job_id) if key is not None else None
-                if stored is None:
-                    raise
-                return await self._replay(stored, tenant, spec)
-            data = codec.encode(record)
-            try:
-                # indexed first, so the scheduler finds the job even if this instance dies
-                # before the submission is published
-                await self.stores.mark_live(job_id)
-                # ids are built subject-safe here; skip the client's regex check on the hot path
-                revision = await self.stores.jobs.create(job_id, data, validate_keys=False)
-            except KeyWrongLastSequenceError:
-                if key is None:
-                    job_id = new_job_id()
-                    continue
-                stored = await self._read(job_id)
-                if stored is None:
-                    continue
-                return await self._replay(stored, tenant, spec)
-            else:
+                try:
+                    owned = await self.quotas.reserve(tenant, job_id, spec.gpus)
+                except QuotaExceeded as exc:
+                    owned = False
+                    # the mirror may not have seen a job this key created a moment ago
+                    stored = await self._read(job_id) if key is not None else None
+                    if stored is None:
+                        raise self._over_quota(tenant, exc.used, spec.gpus) from None
+                    return await self._replay(stored, tenant, spec)
+                at = now()
+                record = JobRecord(
+                    id=job_id,
+                    tenant=tenant,
+                    spec=spec,
+                    total_iterations=iterations,
+                    state=JobState.QUEUED,
+                    submitted_at=at,
+                    history=[StateChange(JobState.QUEUED, at, "submitted")],
+                    pending_reason=PENDING_REASON,
+                )
+                data = codec.encode(record)
+                try:
+                    # ids are built subject-safe here; skip the client's regex check on
+                    # the hot path
+                    revision = await self.stores.jobs.create(job_id, data, validate_keys=False)
+                except KeyWrongLastSequenceError:
+                    if key is None:
+                        continue
+                    stored = await self._read(job_id)
+                    if stored is None:
+                        continue
+                    # the job this key created holds the reservation while it runs
+                    owned = owned and stored.state.terminal
+                    return await self._replay(stored, tenant, spec)
                 self.jobs.apply(revision, job_id, data)
+                try:
+                    await self._publish_submitted(record)
+                except (nats.errors.Error, TimeoutError) as exc:
+                    # a record that could not be withdrawn keeps its reservation: the
+                    # scheduler adopts it, or reconciliation frees it once it is gone
+                    owned = await self._withdraw(job_id, revision)
+                    log.warning("submission not published; record withdrawn",
+                                job_id=job_id, error=repr(exc))
+                    raise _unavailable() from None
+                owned = False
                 break
             finally:
-                self._release(tenant, spec.gpus)
+                if owned:
+                    await self._give_back(tenant, job_id)
         else:
             raise ProblemError(503, "conflict-retry", "could not store the job; try again")
-        try:
-            await self._publish_submitted(record)
-        except (nats.errors.Error, TimeoutError) as exc:
-            await self._withdraw(job_id, revision)
-            log.warning("submission not published; record withdrawn", job_id=job_id,
-                        error=repr(exc))
-            raise _unavailable() from None
         self.metrics.jobs_submitted.inc()
         log.info("job submitted", job_id=job_id, tenant=tenant, model=spec.model,
                  gpus=spec.gpus, iterations=iterations)
         return _json_response(record, 201, {hdrs.LOCATION: f"/v1/jobs/{job_id}"})
+
+    def _over_quota(self, tenant: str, used: int, gpus: int) -> ProblemError:
+        quota = self.quotas.limit(tenant)
+        return ProblemError(
+            403,
+            "quota-exceeded",
+            f"gpus: tenant {tenant!r} holds {used} GPUs in unfinished jobs; {gpus} more "
+            f"would exceed its quota of {quota}",
+            field="gpus",
+            quota=quota,
+        )
+
+    async def _give_back(self, tenant: str, job_id: str) -> None:
+        """Releases a failed submission's reservation. The release is queued even when
+        this request is cancelled; it is awaited only while NATS is reachable, so a
+        failure answer is not held up by it."""
+        released = self.quotas.release(tenant, job_id)
+        if released is None or not self.nc.is_connected:
+            return
+        try:
+            await asyncio.shield(released)
+        except Exception as exc:
+            log.warning("quota reservation not released; reconciliation will",
+                        job_id=job_id, error=repr(exc))
 
     async def _replay(self, stored: JobRecord, tenant: str, spec: JobSpec) -> web.Response:
         if stored.tenant != tenant:
@@ -342,36 +409,18 @@ class AdmissionApi:
             headers=codec.headers({"Nats-Msg-Id": record.id}),
         )
 
-    async def _withdraw(self, job_id: str, revision: int) -> None:
+    async def _withdraw(self, job_id: str, revision: int) -> bool:
         """Deletes a record whose submission could not be published, so a failed request
-        leaves nothing behind (unless NATS is gone for the delete too)."""
+        leaves nothing behind (unless NATS is gone for the delete too). True when it is
+        gone."""
         try:
             deleted = await self.stores.jobs.delete(job_id, last=revision)
         except Exception as exc:
             log.error("could not withdraw an unpublished job", job_id=job_id, error=repr(exc))
-            return
+            return False
         if deleted:
             self.jobs.apply(revision + 1, job_id, None)
-
-    def _reserve(self, tenant: str, gpus: int) -> None:
-        quota = self.config.quotas.get(tenant)
-        if quota is None:
-            return
-        held = self.jobs.held_gpus(tenant) + self._reserved.get(tenant, 0)
-        if held + gpus > quota:
-            raise ProblemError(
-                403,
-                "quota-exceeded",
-                f"gpus: tenant {tenant!r} holds {held} GPUs in unfinished jobs; {gpus} more "
-                f"would exceed its quota of {quota}",
-                field="gpus",
-                quota=quota,
-            )
-        self._reserved[tenant] = self._reserved.get(tenant, 0) + gpus
-
-    def _release(self, tenant: str, gpus: int) -> None:
-        if tenant in self.config.quotas:
-            self._reserved[tenant] -= gpus
+        return bool(deleted)
 
     # ------------------------------------------------------------------ read and cancel
 

@@ -58,11 +58,15 @@ class JobIndex:
     Fed by the KV watcher and by this service's own writes; each key keeps its highest
     revision, so a late watcher update never undoes a newer write."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_finished: Callable[[str, str], object] | None = None) -> None:
         #: id -> (revision, record bytes, tenant, held GPUs); None bytes mark a deleted key
         self._entries: dict[str, tuple[int, bytes | None, str, int]] = {}
         self._ids_by_tenant: dict[str, list[str]] = {}
         self._held_gpus: dict[str, int] = {}
+        #: tenant -> {id: GPUs} of its unfinished jobs
+        self._unfinished: dict[str, dict[str, int]] = {}
+        #: called with (tenant, job id) when an unfinished job finishes or is deleted
+        self._on_finished = on_finished
         #: unfinished jobs with a placement, for the cluster view (at most a few per GPU)
         self._placed: dict[str, list[Placement]] = {}
 
@@ -82,20 +86,26 @@ class JobIndex:
             except msgspec.MsgspecError as exc:
                 log.warning("undecodable job record skipped", job_id=job_id, error=str(exc))
                 return False
+        held = 0 if summary is None or summary.state.terminal else summary.spec.gpus
         if previous is not None and previous[1] is not None:
             old_tenant = previous[2]
             self._held_gpus[old_tenant] -= previous[3]
+            self._unfinished[old_tenant].pop(job_id, None)
             if summary is None or summary.tenant != old_tenant:
                 ids = self._ids_by_tenant[old_tenant]
                 del ids[bisect.bisect_left(ids, job_id)]
+            if previous[3] and not held and self._on_finished is not None:
+                self._on_finished(old_tenant, job_id)
         if summary is None:
             self._entries[job_id] = (revision, None, "", 0)
             self._placed.pop(job_id, None)
             return True
         tenant = summary.tenant
-        held = 0 if summary.state.terminal else summary.spec.gpus
         self._entries[job_id] = (revision, data, tenant, held)
         self._held_gpus[tenant] = self._held_gpus.get(tenant, 0) + held
+        unfinished = self._unfinished.setdefault(tenant, {})
+        if held:
+            unfinished[job_id] = held
         if previous is None or previous[1] is None or previous[2] != tenant:
             bisect.insort(self._ids_by_tenant.setdefault(tenant, []), job_id)
         if summary.placement and not summary.state.terminal:
@@ -117,6 +127,17 @@ class JobIndex:
     def held_gpus(self, tenant: str) -> int:
         """GPUs asked for by the tenant's jobs that have not finished."""
         return self._held_gpus.get(tenant, 0)
+
+    def unfinished(self, tenant: str) -> dict[str, int]:
+        """The tenant's unfinished jobs: id -> GPUs asked for."""
+        return dict(self._unfinished.get(tenant, {}))
+
+    def status(self, job_id: str) -> bool | None:
+        """True: the job has not finished; False: it has; None: no record is known."""
+        entry = self._entries.get(job_id)
+        if entry is None or entry[1] is None:
+            return None
+        return entry[3] > 0
 
     def page(
         self,
