@@ -21,6 +21,18 @@ Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 Label = Annotated[str, msgspec.Meta(max_length=256)]
 
+#: the bounds of a job spec's numbers; every numeric field has both ends, so no value
+#: beyond 64 bits (or far beyond what a cluster holds) is ever stored
+MAX_GPUS = 4096
+MAX_BATCH_SIZE = 1_048_576
+MAX_ITERATIONS = 1_000_000_000
+MAX_DATASET_SIZE = 1_000_000_000_000
+#: 2100-01-01T00:00:00Z, the latest deadline a job spec may give
+MAX_DEADLINE = 4_102_444_800.0
+GpuCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_GPUS)]
+BatchSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_BATCH_SIZE)]
+IterationCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_ITERATIONS)]
+
 
 class JobState(enum.StrEnum):
     QUEUED = "QUEUED"
@@ -48,26 +60,27 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
 
     name: Name
     model: Name
-    gpus: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 1
-    batch_size: Annotated[int, msgspec.Meta(ge=1, le=1_048_576)]
-    iterations: Annotated[int, msgspec.Meta(ge=1, le=1_000_000_000)] | None = None
+    gpus: GpuCount = 1
+    batch_size: BatchSize
+    iterations: IterationCount | None = None
     epochs: Annotated[float, msgspec.Meta(gt=0, le=100_000)] | None = None
-    dataset_size: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    dataset_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_DATASET_SIZE)] | None = None
     command: Annotated[list[Label], msgspec.Meta(min_length=1, max_length=256)] | None = None
     priority: Annotated[int, msgspec.Meta(ge=-1000, le=1000)] = 0
     #: seconds since the epoch
-    deadline: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    deadline: Annotated[float, msgspec.Meta(ge=0, le=MAX_DEADLINE)] | None = None
     allow_sharing: bool = True
     labels: Annotated[dict[Label, Label], msgspec.Meta(max_length=64)] = {}
-    data_parallel: PositiveInt | None = None
-    tensor_parallel: PositiveInt = 1
-    pipeline_parallel: PositiveInt = 1
-    min_batch_size: PositiveInt | None = None
-    max_batch_size: PositiveInt | None = None
+    data_parallel: GpuCount | None = None
+    tensor_parallel: GpuCount = 1
+    pipeline_parallel: GpuCount = 1
+    min_batch_size: BatchSize | None = None
+    max_batch_size: BatchSize | None = None
     cpus_per_gpu: Annotated[float, msgspec.Meta(gt=0, le=1024)] | None = None
     mem_gb_per_gpu: Annotated[float, msgspec.Meta(gt=0, le=65536)] | None = None
     max_retries: Annotated[int, msgspec.Meta(ge=0, le=100)] = 2
-    checkpoint_every: Annotated[int, msgspec.Meta(ge=1)] = 50
+    #: iterations between checkpoints
+    checkpoint_every: IterationCount = 50
 
 
 class StateChange(msgspec.Struct, frozen=True):

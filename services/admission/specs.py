@@ -12,14 +12,12 @@ import msgspec
 import yaml
 from yaml.composer import ComposerError
 
-from libs.common.schemas import JobSpec
+from libs.common.schemas import MAX_ITERATIONS, JobSpec
 from services.admission.problems import ProblemError, field_of, message_of
 
 JSON_TYPES = frozenset({"application/json"})
 YAML_TYPES = frozenset({"application/yaml", "application/x-yaml", "text/yaml"})
 ACCEPTED_TYPES = tuple(sorted(JSON_TYPES | YAML_TYPES))
-#: the same bound the schema puts on ``iterations``
-MAX_ITERATIONS = 1_000_000_000
 #: a job spec is two levels deep (labels, command); far deeper YAML is refused
 MAX_YAML_DEPTH = 16
 
