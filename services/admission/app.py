@@ -30,16 +30,10 @@ from libs.common.schemas import (
     now,
 )
 from libs.core.groundtruth import load_performance_model
-from services.admission import problems, quota
+from services.admission import params, problems, quota
 from services.admission.auth import Authenticator
 from services.admission.config import AdmissionConfig
-from services.admission.ids import (
-    MAX_IDEMPOTENCY_KEY,
-    idempotent_job_id,
-    is_job_id,
-    new_job_id,
-    valid_idempotency_key,
-)
+from services.admission.ids import idempotent_job_id, is_job_id, new_job_id
 from services.admission.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from services.admission.metrics import UNMATCHED_ROUTE, Metrics
 from services.admission.openapi import build_openapi
@@ -60,8 +54,6 @@ from services.admission.views import (
 log = structlog.get_logger("gpusched.admission")
 
 PENDING_REASON = "waiting for the scheduler"
-MAX_PAGE = 1000
-DEFAULT_PAGE = 50
 #: an idle event stream sends a comment this often, and re-reads the record in case a
 #: terminal event was lost while NATS was away
 KEEPALIVE_S = 15.0
@@ -122,7 +114,7 @@ class AdmissionApi:
         #: the shared quota ledgers, opened when the app starts
         self._quotas: Quotas | None = None
         self._streams: set[asyncio.Queue[tuple[str, bytes]]] = set()
-        self._openapi = _json.encode(build_openapi())
+        self._openapi = _json.encode(build_openapi(self.models))
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
         router.add_post("/v1/jobs", self.submit)
@@ -267,11 +259,12 @@ class AdmissionApi:
                 headers={"Accept-Post": ", ".join(ACCEPTED_TYPES)},
             )
         key = request.headers.get("Idempotency-Key")
-        if key is not None and not valid_idempotency_key(key):
+        if key is not None and not params.valid_idempotency_key(key):
             raise ProblemError(
                 400,
                 "invalid-header",
-                f"Idempotency-Key: must be 1-{MAX_IDEMPOTENCY_KEY} printable ASCII characters",
+                "Idempotency-Key: must be 1-255 printable ASCII characters, not starting or "
+                "ending with a space",
                 field="Idempotency-Key",
             )
         length = request.content_length
@@ -435,8 +428,8 @@ class AdmissionApi:
                     f"{name}: unknown query parameter; known: {', '.join(sorted(LIST_PARAMETERS))}",
                     field=name,
                 )
-        states = _states(query.getall("state", []))
-        limit = _limit(query.get("limit"))
+        states = params.states(query.getall("state", []))
+        limit = params.limit(query.get("limit"))
         after = query.get("after")
         if after is not None and not is_job_id(after):
             raise ProblemError(
@@ -657,42 +650,6 @@ def _unavailable() -> ProblemError:
         "the message bus is not reachable; nothing was changed, try again",
         headers={hdrs.RETRY_AFTER: "1"},
     )
-
-
-def _states(raw: list[str]) -> frozenset[JobState]:
-    allowed = [state.value for state in JobState]
-    states = set()
-    for item in ",".join(raw).split(","):
-        name = item.strip().upper()
-        if not name:
-            continue
-        if name not in allowed:
-            raise ProblemError(
-                400,
-                "invalid-parameter",
-                f"state: unknown state {item.strip()!r}; one of {', '.join(allowed)}",
-                field="state",
-                allowed=allowed,
-            )
-        states.add(JobState(name))
-    return frozenset(states)
-
-
-def _limit(raw: str | None) -> int:
-    if raw is None:
-        return DEFAULT_PAGE
-    try:
-        limit = int(raw)
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= MAX_PAGE:
-        raise ProblemError(
-            400,
-            "invalid-parameter",
-            f"limit: must be a whole number within 1..{MAX_PAGE}, got {raw!r}",
-            field="limit",
-        )
-    return limit
 
 
 def _decode(data: bytes, kind: type[Any]) -> Any:

@@ -9,7 +9,6 @@ import time
 
 #: what an id of any origin may look like (the schema's IdStr)
 JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-MAX_IDEMPOTENCY_KEY = 255
 
 
 def new_job_id(now_s: float | None = None) -> str:
@@ -26,9 +25,5 @@ def idempotent_job_id(tenant: str, key: str) -> str:
     return f"k{digest[:24]}"
 
 
-def valid_idempotency_key(key: str) -> bool:
-    return 0 < len(key) <= MAX_IDEMPOTENCY_KEY and key.isprintable() and key.isascii()
-
-
 def is_job_id(value: str) -> bool:
-    return JOB_ID.match(value) is not None
+    return JOB_ID.fullmatch(value) is not None

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
 
 from libs.common.schemas import JobProgressEvent, JobRecord, JobSpec, JobState, JobStateEvent
+from services.admission import params
+from services.admission.ids import JOB_ID
 from services.admission.problems import PROBLEM_CONTENT_TYPE, Problem
 from services.admission.specs import ACCEPTED_TYPES
 from services.admission.views import ClusterView, Health, JobList
@@ -18,11 +21,14 @@ def _ref(name: str) -> dict[str, str]:
     return {"$ref": _REF.format(name=name)}
 
 
-def _problem(description: str) -> dict[str, Any]:
-    return {
+def _problem(description: str, **headers: dict[str, Any]) -> dict[str, Any]:
+    problem: dict[str, Any] = {
         "description": description,
         "content": {PROBLEM_CONTENT_TYPE: {"schema": _ref("Problem")}},
     }
+    if headers:
+        problem["headers"] = {name.replace("_", "-"): header for name, header in headers.items()}
+    return problem
 
 
 def _json(description: str, schema: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -30,24 +36,80 @@ def _json(description: str, schema: dict[str, Any], **extra: Any) -> dict[str, A
     return {"description": description, "content": content, **extra}
 
 
+_JOB_ID_SCHEMA = {"type": "string", "pattern": JOB_ID.pattern}
 _JOB_ID = {
     "name": "id",
     "in": "path",
     "required": True,
-    "schema": {"type": "string", "pattern": r"^[A-Za-z0-9_-]{1,64}$"},
+    "description": "A job id; anything else is a 404",
+    "schema": _JOB_ID_SCHEMA,
 }
-_UNAUTHORIZED = _problem("Missing or unknown bearer token")
+_UNAUTHORIZED = _problem(
+    "Missing or unknown bearer token",
+    WWW_Authenticate={"schema": {"type": "string", "const": 'Bearer realm="gpusched"'}},
+)
 _NOT_FOUND = _problem("No such job for this tenant")
-_UNAVAILABLE = _problem("NATS is not reachable; nothing was written")
-_LOCATION = {"Location": {"schema": {"type": "string"}, "description": "/v1/jobs/<id>"}}
+_UNAVAILABLE = _problem(
+    "NATS is not reachable; nothing was written",
+    Retry_After={"schema": {"type": "string", "const": "1"}},
+)
+_LOCATION = {
+    "Location": {
+        "schema": {"type": "string", "pattern": f"^/v1/jobs/{JOB_ID.pattern[1:]}"},
+        "description": "/v1/jobs/<id>",
+    }
+}
 
 
-def build_openapi(version: str = "0.1.0") -> dict[str, Any]:
+#: what a client can do next with the job a submission created
+_JOB_LINKS = {
+    name: {"operationId": operation, "parameters": {"id": "$response.body#/id"}}
+    for name, operation in (
+        ("GetJob", "getJob"),
+        ("CancelJob", "cancelJob"),
+        ("FollowJob", "jobEvents"),
+    )
+}
+
+
+def _event(name: str, data: str) -> dict[str, Any]:
+    return {
+        "properties": {
+            "event": {"const": name},
+            "data": {"contentMediaType": "application/json", "contentSchema": _ref(data)},
+        }
+    }
+
+
+#: one server-sent event, as OpenAPI 3.2 spells an item of ``text/event-stream`` (and as
+#: the ``schema`` of a stream is read before 3.2): its ``event`` name and ``data`` line
+_SERVER_SENT_EVENT = {
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {
+        "event": {"type": "string", "enum": ["job", "state", "progress"]},
+        "data": {"type": "string", "contentMediaType": "application/json"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer"},
+    },
+    "oneOf": [
+        _event("job", "JobRecord"),
+        _event("state", "JobStateEvent"),
+        _event("progress", "JobProgressEvent"),
+    ],
+}
+
+
+def build_openapi(models: Iterable[str] = (), version: str = "0.1.0") -> dict[str, Any]:
+    """The document; ``models`` become the ``enum`` of a job spec's ``model``."""
     _, components = msgspec.json.schema_components(
         [JobSpec, JobRecord, JobList, ClusterView, Problem, Health, JobStateEvent,
          JobProgressEvent],
         ref_template=_REF,
     )
+    names = sorted(models)
+    if names:
+        components["JobSpec"]["properties"]["model"]["enum"] = names
     spec_body = {"schema": _ref("JobSpec")}
     return {
         "openapi": "3.1.0",
@@ -74,8 +136,16 @@ def build_openapi(version: str = "0.1.0") -> dict[str, Any]:
                             "name": "Idempotency-Key",
                             "in": "header",
                             "required": False,
-                            "schema": {"type": "string", "maxLength": 255},
-                            "description": "A retry with the same key returns the same job",
+                            "schema": {
+                                "type": "string",
+                                "minLength": 1,
+                                "maxLength": 255,
+                                "pattern": params.IDEMPOTENCY_KEY_PATTERN,
+                            },
+                            "description": (
+                                "A retry with the same key returns the same job: 1-255 "
+                                "printable ASCII characters, no space at either end"
+                            ),
                         }
                     ],
                     "requestBody": {
@@ -83,21 +153,36 @@ def build_openapi(version: str = "0.1.0") -> dict[str, Any]:
                         "content": {media: spec_body for media in ACCEPTED_TYPES},
                     },
                     "responses": {
-                        "201": _json("Created, queued", _ref("JobRecord"), headers=_LOCATION),
+                        "201": _json(
+                            "Created, queued",
+                            _ref("JobRecord"),
+                            headers=_LOCATION,
+                            links=_JOB_LINKS,
+                        ),
                         "200": _json(
                             "An Idempotency-Key replay: the job created before",
                             _ref("JobRecord"),
                             headers={
                                 **_LOCATION,
-                                "Idempotent-Replayed": {"schema": {"type": "string"}},
+                                "Idempotent-Replayed": {
+                                    "schema": {"type": "string", "const": "true"}
+                                },
                             },
                         ),
                         "400": _problem("Empty or malformed body, or a bad Idempotency-Key"),
                         "401": _UNAUTHORIZED,
                         "403": _problem("The job would exceed the tenant's GPU quota"),
+                        "409": _problem("The Idempotency-Key names another tenant's job"),
                         "413": _problem("The body is larger than the limit"),
-                        "415": _problem("Not JSON or YAML"),
-                        "422": _problem("A field is invalid; `field` names it"),
+                        "415": _problem(
+                            "Not JSON or YAML",
+                            Accept_Post={"schema": {"type": "string"}},
+                        ),
+                        "422": _problem(
+                            "A field is invalid, or the spec breaks a rule across fields "
+                            "(iterations or epochs, batch sizes, parallelism); `field` "
+                            "names it"
+                        ),
                         "503": _UNAVAILABLE,
                     },
                 },
@@ -108,20 +193,30 @@ def build_openapi(version: str = "0.1.0") -> dict[str, Any]:
                         {
                             "name": "state",
                             "in": "query",
-                            "description": "one state, or several separated by commas",
-                            "schema": {"type": "string", "examples": ["RUNNING", "QUEUED,RUNNING"]},
+                            "description": (
+                                "one state, or several separated by commas, in any case"
+                            ),
+                            "schema": {
+                                "type": "string",
+                                "pattern": params.STATE_PATTERN,
+                                "examples": ["RUNNING", "queued,running"],
+                            },
                         },
                         {
                             "name": "limit",
                             "in": "query",
-                            "schema": {"type": "integer", "minimum": 1, "maximum": 1000,
-                                       "default": 50},
+                            "schema": {
+                                "type": "integer",
+                                "minimum": 1,
+                                "maximum": params.MAX_PAGE,
+                                "default": params.DEFAULT_PAGE,
+                            },
                         },
                         {
                             "name": "after",
                             "in": "query",
-                            "description": "the `next` of the previous page",
-                            "schema": {"type": "string"},
+                            "description": "the `next` of the previous page (a job id)",
+                            "schema": _JOB_ID_SCHEMA,
                         },
                     ],
                     "responses": {
@@ -168,8 +263,11 @@ def build_openapi(version: str = "0.1.0") -> dict[str, Any]:
                     "operationId": "jobEvents",
                     "responses": {
                         "200": {
-                            "description": "text/event-stream, each `data:` one JSON object",
-                            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                            "description": (
+                                "Server-sent events; the schema describes one event, its "
+                                "`data` one JSON object"
+                            ),
+                            "content": {"text/event-stream": {"schema": _SERVER_SENT_EVENT}},
                         },
                         "401": _UNAUTHORIZED,
                         "404": _NOT_FOUND,

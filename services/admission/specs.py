@@ -37,7 +37,12 @@ def decode_spec(body: bytes, content_type: str) -> JobSpec:
     try:
         return _json_decoder.decode(body)
     except msgspec.ValidationError as exc:
-        raise _invalid(exc) from None
+        # JSON Schema takes 4.0 for an integer; decode again, reading such numbers as ints
+        try:
+            document = msgspec.json.decode(body)
+        except msgspec.MsgspecError:
+            raise _invalid(exc) from None
+        return _convert(document)
     except msgspec.DecodeError as exc:
         raise ProblemError(400, "malformed-body", f"the body is not valid JSON: {exc}") from None
     except UnicodeDecodeError as exc:
@@ -53,6 +58,32 @@ def _from_yaml(body: bytes) -> JobSpec:
         raise ProblemError(
             400, "malformed-body", f"the body is not valid YAML: {_one_line(exc)}"
         ) from None
+    return _convert(document)
+
+
+def _integer_fields() -> frozenset[str]:
+    info = msgspec.inspect.type_info(JobSpec)
+    assert isinstance(info, msgspec.inspect.StructType)
+    names = set()
+    for field in info.fields:
+        kinds = field.type.types if isinstance(field.type, msgspec.inspect.UnionType) else (
+            field.type,
+        )
+        if any(isinstance(kind, msgspec.inspect.IntType) for kind in kinds):
+            names.add(field.encode_name)
+    return frozenset(names)
+
+
+#: fields whose number may be written as a whole float (``4.0``), as JSON Schema allows
+INTEGER_FIELDS = _integer_fields()
+
+
+def _convert(document: Any) -> JobSpec:
+    if isinstance(document, dict):
+        for name in INTEGER_FIELDS & document.keys():
+            value = document[name]
+            if isinstance(value, float) and value.is_integer():
+                document[name] = int(value)
     try:
         return msgspec.convert(document, JobSpec)
     except msgspec.ValidationError as exc:
