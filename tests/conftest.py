@@ -6,10 +6,17 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 from nats.aio.client import Client
 
 from libs.common.bus import Stores, connection
 from libs.common.embedded import NatsServer
+
+# no example may fail for taking long: the suite runs on busy 2-core machines too
+settings.register_profile(
+    "gpusched", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("gpusched")
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ from libs.common.schemas import (
 from services.nodeagent.agent import NodeAgent
 from services.nodeagent.config import NodeAgentConfig
 from services.nodeagent.runs import STDERR_TAIL_BYTES
+from tests.limits import process_limit_s
 from tests.test_nodeagent_service import (
     NODE,
     PROCESS_TIMINGS,
@@ -256,19 +257,19 @@ async def test_the_real_worker_is_preempted_and_resumes_from_its_checkpoint(
         monkeypatch.setenv("GPUSCHED_WORKER_HOLD_AT_ITERATION", "4")
         assert (await send(nc, run(1, 0))).ok
         await wait_until(lambda: any(e.progress.iteration >= 2 for e in progress.items),
-                         timeout_s=60)
+                         timeout_s=process_limit_s(1))
         assert (await send(nc, StopJob(job_id="real", run_id=1, reason="preempt"))).ok
-        stopped = await stored_exit(stores, "real", timeout_s=30)
+        stopped = await stored_exit(stores, "real", timeout_s=process_limit_s(1))
         assert (stopped.outcome, stopped.exit_code) == ("stopped", 0)
         assert stopped.iteration >= 2
         monkeypatch.delenv("GPUSCHED_WORKER_HOLD_AT_ITERATION")
         assert (await send(nc, run(2, stopped.iteration))).ok
 
         async def second_exit() -> JobExit | None:
-            exit = await stored_exit(stores, "real", timeout_s=60)
+            exit = await stored_exit(stores, "real", timeout_s=process_limit_s(1))
             return exit if exit.run_id == 2 else None
 
-        finished: JobExit = await wait_until(second_exit, timeout_s=60)
+        finished: JobExit = await wait_until(second_exit, timeout_s=process_limit_s(1))
     assert (finished.outcome, finished.iteration) == ("succeeded", 6)
 
 

@@ -28,7 +28,7 @@ from libs.common.schemas import (
     RunRef,
     StateChange,
 )
-from services.scheduler.live import Durable, LiveScheduler, RecordConflict, Sweep
+from services.scheduler.live import Beat, Durable, LiveScheduler, RecordConflict, Sweep
 from tests.live import fast_scheduler, spec, store_job
 
 NODE = "n1"
@@ -250,3 +250,71 @@ async def cancel_message(stores: Stores, job_id: str) -> Any:
     pull = await stores.js.pull_subscribe(subjects.job_cancel(job_id), stream=subjects.JOBS_STREAM)
     (msg,) = await pull.fetch(1, timeout=5)
     return Durable(msg)
+
+
+async def store_job_being_started(stores: Stores, run_id: int = 1) -> str:
+    """A job a leader was starting when it died: its record names the run and placement
+    but still waits (the start's result never came back)."""
+    job_id = await store_job(stores, spec())
+    entry = await stores.jobs.get(job_id)
+    assert entry.value is not None and entry.revision is not None
+    record = codec.decode(entry.value, JobRecord)
+    starting = replace(record, run_id=run_id, placement=[Placement(NODE, [0])],
+                       pending_reason="starting")
+    await stores.jobs.update(job_id, codec.encode(starting), last=entry.revision)
+    return job_id
+
+
+async def exit_message(stores: Stores, exit: JobExit) -> Durable:
+    """An exit as the scheduler's consumer delivers it: a real message of the stream."""
+    subject = subjects.job_exit(exit.job_id)
+    await stores.js.publish(subject, codec.encode(exit), headers=codec.headers())
+    pull = await stores.js.pull_subscribe(subject, stream=subjects.JOBS_STREAM)
+    (msg,) = await pull.fetch(1, timeout=5)
+    return Durable(msg)
+
+
+async def test_the_exit_of_a_run_started_by_the_previous_leader_finishes_the_job(
+    nats_server, nc, stores
+):
+    await register_node(stores)
+    job_id = await store_job_being_started(stores)
+    async with idle_scheduler(nats_server.url, nc, stores, node_timeout_s=60.0) as scheduler:
+        exit = JobExit(job_id=job_id, run_id=1, node=NODE, outcome="succeeded",
+                       exit_code=0, iteration=10, at=time.time())
+        await scheduler.handle(await exit_message(stores, exit))
+        record = await record_of(stores, job_id)
+        assert record.state is JobState.SUCCEEDED
+        assert job_id not in scheduler.jobs
+
+
+async def test_a_run_started_by_the_previous_leader_is_running_once_its_node_lists_it(
+    nats_server, nc, stores
+):
+    await register_node(stores)
+    job_id = await store_job_being_started(stores)
+    async with idle_scheduler(nats_server.url, nc, stores, node_timeout_s=60.0) as scheduler:
+        assert scheduler.jobs[job_id].holds_gpus  # nobody else gets its GPU meanwhile
+        beat = Heartbeat(node=NODE, at=time.time(), running=[_running(job_id, 1)])
+        await scheduler.handle(Beat(beat))
+        record = await record_of(stores, job_id)
+        assert record.state is JobState.RUNNING
+        assert record.run_id == 1
+
+
+async def test_a_start_no_node_confirms_is_requeued_after_the_grace(nats_server, nc, stores):
+    await register_node(stores)
+    job_id = await store_job_being_started(stores)
+    async with idle_scheduler(
+        nats_server.url, nc, stores, node_timeout_s=60.0, missing_job_grace_s=0.5
+    ) as scheduler:
+        scheduler.liveness.saw(Heartbeat(node=NODE, at=time.time()), arrived=time.time())
+        await scheduler.handle(Sweep())
+        assert (await record_of(stores, job_id)).state is JobState.QUEUED
+        assert scheduler.jobs[job_id].holds_gpus  # within the grace it may still appear
+        await asyncio.sleep(1.0)
+        await scheduler.handle(Sweep())
+        record = await record_of(stores, job_id)
+        assert record.state is JobState.QUEUED
+        assert "never reported its start" in record.history[-1].reason
+        assert not scheduler.jobs[job_id].holds_gpus

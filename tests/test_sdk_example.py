@@ -11,6 +11,7 @@ from pathlib import Path
 
 from libs.common.embedded import wait_until
 from libs.sdk import ENV_VARIABLES
+from tests.limits import process_limit_s
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
@@ -44,7 +45,7 @@ async def test_the_documented_example_runs_to_completion_as_a_job(tmp_path: Path
     with stderr_path.open("wb") as stderr:
         process = subprocess.Popen([sys.executable, str(script)], env=env, stderr=stderr)
     try:
-        await wait_until(lambda: process.poll() is not None, timeout_s=60)
+        await wait_until(lambda: process.poll() is not None, timeout_s=process_limit_s(1))
     finally:
         if process.poll() is None:
             process.kill()

@@ -13,14 +13,16 @@ import torch
 
 from libs.common.embedded import wait_until
 from services.nodeagent.worker.cli import HOLD_AT_ITERATION_ENV
+from tests.limits import process_limit_s
 from tests.test_worker_process import (
-    PROCESS_TIMEOUT_S,
     REPOSITORY,
     executed_iterations,
     job_env,
     progress,
     uninterrupted_parameters,
 )
+
+TWO_RANKS_S = process_limit_s(2)
 
 
 class Job:
@@ -36,7 +38,8 @@ class Job:
             )
 
     async def exit_code(self) -> int:
-        await wait_until(lambda: self.process.poll() is not None, timeout_s=PROCESS_TIMEOUT_S)
+        # two ranks and their gloo group compete for the cores: two processes' worth
+        await wait_until(lambda: self.process.poll() is not None, timeout_s=TWO_RANKS_S)
         return self.process.returncode
 
     def signal_group(self, number: signal.Signals) -> None:
@@ -91,7 +94,7 @@ async def test_a_stopped_data_parallel_run_checkpoints_once_and_resumes_on_one_g
         await wait_until(
             lambda: any(line["event"] == "checkpoint" and line["iteration"] == 4
                         for line in progress(progress_file)),
-            timeout_s=PROCESS_TIMEOUT_S,
+            timeout_s=TWO_RANKS_S,
         )
         # both ranks get the signal, as from the node agent; they agree on one iteration
         first.signal_group(signal.SIGTERM)

@@ -19,10 +19,12 @@ from libs.sdk import ENV_VARIABLES, JobContext
 from services.nodeagent.worker.catalog import ModelSpec
 from services.nodeagent.worker.cli import HOLD_AT_ITERATION_ENV, ITERATION_LOG_ENV
 from services.nodeagent.worker.training import TrainingOptions, run_job
+from tests.limits import process_limit_s
 
 REPOSITORY = Path(__file__).resolve().parents[1]
-#: a process needs a few seconds to import torch; this only bounds a hung one
-PROCESS_TIMEOUT_S = 60.0
+#: one worker process, bounded by what starting torch measures here (it only bounds a
+#: hung process); tests with several processes at once take process_limit_s(n)
+PROCESS_TIMEOUT_S = process_limit_s(1)
 
 
 def job_env(tmp_path: Path, **overrides: str) -> dict[str, str]:

@@ -154,6 +154,8 @@ class StartResult:
     job_id: str
     run_id: int
     error: str
+    #: no answer came at all: the node may have started the run and its reply been lost
+    unanswered: bool = False
 
 
 @dataclass(frozen=True)
@@ -329,6 +331,11 @@ class LiveScheduler(Actor[Message]):
         if record.state is JobState.RUNNING:
             job.phase = Phase.STOPPING if record.cancel_requested else Phase.RUNNING
             job.stop_reason = "cancel" if record.cancel_requested else ""
+        elif record.placement:
+            # a waiting record keeps a placement only while its start is in flight: the
+            # leader that sent it is gone, and its run may be alive (or already ended)
+            job.phase = Phase.STARTING
+            job.unconfirmed_start = True
         self.jobs[job_id] = job
         # the profile answers now; the predictor's (learned) figure replaces it when it comes
         self.spawn(self._ask_predictor(record))
@@ -479,6 +486,7 @@ class LiveScheduler(Actor[Message]):
         job.phase = Phase.WAITING
         job.stop_reason = ""
         job.resizing_from = None
+        job.unconfirmed_start = False
         job.queued_since = time.time()
         job.settle_service(job.queued_since)
         await self._transition(job, state, reason, placement=[], shares_with=[], **changes)
@@ -575,6 +583,8 @@ class LiveScheduler(Actor[Message]):
                 job.record.run_id, job.resizing_from
             ):
                 job.last_seen = now
+                if job.unconfirmed_start and running.run_id == job.record.run_id:
+                    await self._confirm_start(job)
                 continue
             # the node runs something we did not start (or no longer want): truth wins,
             # and what is not ours to run is stopped
@@ -607,6 +617,11 @@ class LiveScheduler(Actor[Message]):
                 and now - self._job_seen(job) > self.config.missing_job_grace_s
             ):
                 await self._lost(job, "its node no longer reports it running")
+            elif (
+                job.unconfirmed_start
+                and now - self._job_seen(job) > self.config.missing_job_grace_s
+            ):
+                await self._lost(job, "its node never reported its start")
         if self.wake_at is not None and now >= self.wake_at:
             self.wake_at = None
             self._request_round()
@@ -789,7 +804,8 @@ class LiveScheduler(Actor[Message]):
                     if not result:
                         await self._command(part.node, StopJob(
                             job_id=record.id, run_id=record.run_id, reason="lost"))
-        self.tell(StartResult(record.id, record.run_id, "; ".join(errors)))
+        unanswered = bool(errors) and reply is None and len(placement) == 1
+        self.tell(StartResult(record.id, record.run_id, "; ".join(errors), unanswered))
 
     async def _command(self, node: str, command: StartJob | StopJob | ResizeJob) -> str:
         """Send with retries; '' on success, else why it failed."""
@@ -815,6 +831,13 @@ class LiveScheduler(Actor[Message]):
                 await asyncio.sleep(min(0.05 * 2**attempt, 0.5))
         return error, None
 
+    async def _confirm_start(self, job: LiveJob) -> None:
+        """A run an earlier leader started is alive on its node: it runs from now on."""
+        job.unconfirmed_start = False
+        job.phase = Phase.RUNNING
+        job.iteration_at = job.running_since = time.time()
+        await self._transition(job, JobState.RUNNING, "started")
+
     async def _start_result(self, result: StartResult) -> None:
         job = self.jobs.get(result.job_id)
         if job is None or job.record.run_id != result.run_id or job.phase != Phase.STARTING:
@@ -827,6 +850,14 @@ class LiveScheduler(Actor[Message]):
                     self._send_stop(part.node, job.id, run_id, "preempt")
             await self._requeue(job, JobState.PREEMPTED, f"resize failed ({result.error})",
                                 preemptions=job.record.preemptions + 1)
+            return
+        if result.error and result.unanswered:
+            # requeueing now could start the job twice (and a short one run to its end
+            # twice): its node's heartbeats or its exit tell whether it started
+            self.log.warning("start unanswered; waiting for its node", job_id=job.id,
+                             error=result.error)
+            job.unconfirmed_start = True
+            job.last_seen = time.time()
             return
         if result.error:
             self.log.warning("start failed", job_id=job.id, error=result.error)

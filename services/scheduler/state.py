@@ -91,6 +91,9 @@ class LiveJob:
     resizing_from: int | None = None
     #: when the job's node last listed it as running
     last_seen: float = 0.0
+    #: a start sent by an earlier leader that never saw its result: the run is taken as
+    #: started once its node lists it, or as never started after the missing-job grace
+    unconfirmed_start: bool = False
     last_progress_write: float = 0.0
     iteration: int = 0
     iteration_at: float = 0.0
