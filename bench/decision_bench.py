@@ -11,6 +11,8 @@ import random
 import statistics
 import time
 
+from speed import print_machine_speed  # bench/ is the script's own directory
+
 from libs.core.cluster import Cluster
 from libs.core.groundtruth import load_performance_model
 from libs.core.snapshot import JobState, JobView, Snapshot
@@ -81,6 +83,7 @@ def build_snapshot(pending: int, nodes: int, seed: int = 7) -> Snapshot:
 
 
 def main() -> None:
+    print_machine_speed()
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pending", type=int, default=10_000)
     parser.add_argument("--nodes", type=int, default=1_024)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from speed import print_machine_speed  # bench/ is the script's own directory
 
 from libs.common import subjects
 from libs.common.bus import Stores, connection
@@ -143,6 +144,7 @@ async def _in_process(arguments: dict[str, Any]) -> None:
 
 
 def main() -> None:
+    print_machine_speed()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=5000, help="submissions to send")
     parser.add_argument("--duration", type=float, default=None,

@@ -17,6 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from speed import print_machine_speed  # bench/ is the script's own directory
+
 from libs.common.schemas import GpuInfo, JobRecord, JobSpec, NodeInfo
 from libs.core.groundtruth import load_performance_model
 from services.scheduler.policies import POLICIES, make_policy
@@ -24,6 +26,7 @@ from services.scheduler.state import Layout, LiveJob, build_snapshot
 
 
 def main() -> None:
+    print_machine_speed()
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--queued", type=int, default=10_000)
     parser.add_argument("--nodes", type=int, default=1_024)

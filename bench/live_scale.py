@@ -27,6 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nats.aio.msg import Msg
+from speed import print_machine_speed  # bench/ is the script's own directory
 
 from libs.common import codec, subjects
 from libs.common.bus import Stores, connection
@@ -162,6 +163,7 @@ async def drive(args: argparse.Namespace, url: str) -> dict[str, Any]:
 
 
 def main() -> None:
+    print_machine_speed()
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=200)

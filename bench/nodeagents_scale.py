@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from nats.aio.msg import Msg
+from speed import print_machine_speed  # bench/ is the script's own directory
 
 from libs.common import codec, subjects
 from libs.common.bus import connection
@@ -211,6 +212,7 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 
 
 def main() -> None:
+    print_machine_speed()
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=200)

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from speed import print_machine_speed  # bench/ is the script's own directory
+
 from libs.core.cluster import Cluster
 from libs.core.groundtruth import load_performance_model
 from libs.core.traces import load_trace
@@ -29,6 +31,7 @@ from services.scheduler.simulator import simulate
 
 
 def main() -> None:
+    print_machine_speed()
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
         "--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data")

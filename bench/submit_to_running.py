@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import aiohttp
 from nats.aio.msg import Msg
+from speed import print_machine_speed  # bench/ is the script's own directory
 
 from libs.cli.up import LocalCluster, UpConfig
 from libs.common import codec, subjects
@@ -72,6 +73,7 @@ async def measure(jobs: int, policy: str) -> dict[str, float]:
 
 
 def main() -> None:
+    print_machine_speed()
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=200)

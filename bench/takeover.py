@@ -21,7 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.speed import print_machine_speed
+from speed import print_machine_speed  # bench/ is the script's own directory
+
 from libs.common import codec, subjects
 from libs.common.bus import Stores, connection
 from libs.common.embedded import NatsServer, wait_until
