@@ -30,7 +30,7 @@ from libs.core.perf import UnknownModelError
 from libs.core.traces import TraceError
 from libs.core.workload import parse_mix
 from services.scheduler.policies import POLICIES, UnknownPolicyError, make_policy
-from services.scheduler.report import summary_table, write_outputs
+from services.scheduler.report import output_problem, summary_table, write_outputs
 from services.scheduler.results import SimResult
 from services.scheduler.runner import (
     SYNTHETIC_PREFIX,
@@ -156,6 +156,7 @@ def simulate(
         job_mix = _parse_mix(mix)
         # fail before a long trace load
         names = check_policies(_policy_names(policy), max_resident_slowdown)
+        _check_out(out)
         built = build_cluster(cluster_spec, data_dir)
         truth, estimates = build_models(data_dir, prediction_error, seed)
         workload = load_workload(
@@ -168,6 +169,7 @@ def simulate(
             limit=limit,
             rate_per_h=rate,
             mix=job_mix,
+            cluster=built,
         )
         for note in workload.notes:
             err_console.print(Text(note, style="dim"), soft_wrap=True)
@@ -238,6 +240,13 @@ def _cluster_spec(cluster: str | None, nodes_file: Path | None) -> str:
             raise InputError(f"node list not found: {nodes_file}")
         return str(nodes_file)
     return cluster or DEFAULT_CLUSTER
+
+
+def _check_out(out: Path) -> None:
+    # before any run: an unusable folder would otherwise be found only after all of them
+    problem = output_problem(out)
+    if problem:
+        raise InputError(f"--out {out}: {problem}")
 
 
 def _parse_mix(mix: str | None) -> dict[str, float] | None:

@@ -934,14 +934,19 @@ def _effective_intensity(profile: ModelProfile, sub_batch: float) -> float:
 # --------------------------------------------------------------------------- estimates
 
 
+#: |log| of the largest factor `NoisyEstimates` applies (e^100, about 2.7e43)
+MAX_LOG_FACTOR = 100.0
+
+
 class NoisyEstimates:
     """A :class:`PerformanceModel` that believes iteration times off by a fixed factor.
 
     Each model's iteration time is multiplied by ``exp(sigma * z)``, with ``z`` a
     standard normal drawn deterministically from ``seed`` and the model name: the same
     model is always mis-predicted the same way, as a profiler with a systematic bias
-    would. The median factor is 1. Everything else passes through unchanged, and a
-    positive factor per model keeps the contract.
+    would. The median factor is 1, and ``sigma * z`` is clamped to
+    ``+-MAX_LOG_FACTOR`` so that no sigma overflows. Everything else passes through
+    unchanged, and a positive factor per model keeps the contract.
     """
 
     __slots__ = ("_base", "_factors", "seed", "sigma")
@@ -962,7 +967,9 @@ class NoisyEstimates:
             pass
         digest = hashlib.sha256(f"{self.seed}/{model}".encode()).digest()
         z = random.Random(int.from_bytes(digest[:8], "big")).gauss(0.0, 1.0)
-        value = self._factors[model] = math.exp(self.sigma * z)
+        # clamped, so that any finite sigma gives finite times that still sum finitely
+        log_factor = max(-MAX_LOG_FACTOR, min(MAX_LOG_FACTOR, self.sigma * z))
+        value = self._factors[model] = math.exp(log_factor)
         return value
 
     def models(self) -> tuple[str, ...]:

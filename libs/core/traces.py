@@ -44,6 +44,13 @@ NATIVE_FIELDS = (
     "cpus_per_gpu",
     "mem_gb_per_gpu",
 )
+#: Largest time a trace may state, in seconds (about 317 years; Philly spans one). Near
+#: 1e20 s two neighbouring floats are hours apart, so a short job there would end at the
+#: very moment it starts; a larger value is refused as a malformed field.
+MAX_TRACE_SECONDS = 1e10
+#: Largest count (GPUs, batch size, iterations) a trace may state; beyond it a count
+#: no longer fits the simulator's floating-point arithmetic with room to spare.
+MAX_TRACE_COUNT = 10**12
 NATIVE_CSV_SUFFIXES = (".csv",)
 NATIVE_JSONL_SUFFIXES = (".jsonl", ".ndjson")
 
@@ -291,7 +298,9 @@ def _names(names: list[str] | set[str]) -> str:
 # ------------------------------------------------------------------- field converters
 
 
-def _int(row: Mapping[str, object], name: str, minimum: int = 1) -> int:
+def _int(
+    row: Mapping[str, object], name: str, minimum: int = 1, maximum: int = MAX_TRACE_COUNT
+) -> int:
     value = row.get(name)
     number: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
@@ -303,6 +312,8 @@ def _int(row: Mapping[str, object], name: str, minimum: int = 1) -> int:
     if number is None or number < minimum:
         kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise _BadField(name, f"expected {kind}, got {value!r}")
+    if number > maximum:
+        raise _BadField(name, f"expected at most {maximum:,}, got {value!r}")
     return number
 
 
@@ -329,6 +340,17 @@ def _float(row: Mapping[str, object], name: str, *, positive: bool) -> float:
     if not (math.isfinite(number) and (number > 0 or (number == 0 and not positive))):
         kind = "a positive number" if positive else "a number >= 0"
         raise _BadField(name, f"expected {kind}, got {value!r}")
+    return number
+
+
+def _seconds(row: Mapping[str, object], name: str, *, positive: bool) -> float:
+    """A time or duration: a number (> 0 if ``positive``, else >= 0) of at most
+    `MAX_TRACE_SECONDS`."""
+    number = _float(row, name, positive=positive)
+    if number > MAX_TRACE_SECONDS:
+        raise _BadField(
+            name, f"expected at most {MAX_TRACE_SECONDS:g} seconds, got {row.get(name)!r}"
+        )
     return number
 
 
@@ -372,7 +394,7 @@ def _philly_row(line: int, row: Mapping[str, object]) -> tuple[float, int, int, 
         moment = moment.astimezone(UTC).replace(tzinfo=None)
     # the published timestamps are naive times of one cluster: only differences matter
     submit = (moment - _EPOCH).total_seconds()
-    gpus, duration = _int(row, "num_gpus"), _float(row, "duration", positive=True)
+    gpus, duration = _int(row, "num_gpus"), _seconds(row, "duration", positive=True)
     return submit, line, gpus, duration, str(row["cluster"])
 
 
@@ -431,9 +453,9 @@ def _alibaba_row(line: int, row: Mapping[str, object]) -> TraceJob | str:
     milli = _int(row, "gpu_milli")
     if milli > 1000:
         raise _BadField("gpu_milli", f"expected 1..1000 per GPU, got {row['gpu_milli']!r}")
-    created = _float(row, "creation_time", positive=False)
-    started = _float(row, "scheduled_time", positive=False)
-    ended = _float(row, "deletion_time", positive=False)
+    created = _seconds(row, "creation_time", positive=False)
+    started = _seconds(row, "scheduled_time", positive=False)
+    ended = _seconds(row, "deletion_time", positive=False)
     if ended <= started:
         raise _BadField("deletion_time", f"must be after scheduled_time {started:g}, got {ended:g}")
     return TraceJob(
@@ -578,7 +600,7 @@ def _load_pollux(path: Path, opts: _Options) -> _Collected[TraceJob]:
         batch = _int(row, "batch_size")
         return TraceJob(
             job_id=_job_id(row, "name"),
-            submit_time=_float(row, "time", positive=False),
+            submit_time=_seconds(row, "time", positive=False),
             gpus=_int(row, "num_replicas"),
             model=app,
             batch_size=batch,
@@ -666,15 +688,15 @@ def _native_row(line: int, row: Mapping[str, object]) -> TraceJob:
     if has_duration == has_iterations:
         both = "both are" if has_duration else "neither is"
         raise _BadField("duration_s", f"give exactly one of duration_s and iterations; {both} set")
-    submit = _float(row, "submit_time", positive=False)
-    relative_deadline = _float(row, "deadline", positive=True) if "deadline" in row else None
+    submit = _seconds(row, "submit_time", positive=False)
+    relative_deadline = _seconds(row, "deadline", positive=True) if "deadline" in row else None
     return TraceJob(
         job_id=_job_id(row, "job_id") if "job_id" in row else f"job-{line}",
         submit_time=submit,
         gpus=_int(row, "gpus"),
         model=_text(row, "model") if "model" in row else None,
         batch_size=_int(row, "batch_size") if "batch_size" in row else None,
-        duration_s=_float(row, "duration_s", positive=True) if has_duration else None,
+        duration_s=_seconds(row, "duration_s", positive=True) if has_duration else None,
         iterations=_int(row, "iterations") if has_iterations else None,
         allow_sharing=_bool(row, "allow_sharing") if "allow_sharing" in row else True,
         # the file says "seconds after submission"; a TraceJob holds the absolute time

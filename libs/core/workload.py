@@ -12,6 +12,7 @@ import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 
+from libs.core.cluster import Cluster
 from libs.core.jobs import JobSpec
 from libs.core.perf import PerformanceModel
 from libs.core.traces import TraceJob, write_native
@@ -122,6 +123,7 @@ def materialize(
     *,
     seed: int,
     mix: Mapping[str, float] | None = None,
+    cluster: Cluster | None = None,
     gpus_per_node_hint: int = 8,
 ) -> list[JobSpec]:
     """Turn trace jobs into runnable jobs.
@@ -133,8 +135,11 @@ def materialize(
       gives every GPU at least one sample; larger batches are kept as given (the
       per-GPU batch may be fractional, as performance models accept).
     - A job given a run time runs ``max(1, round(duration_s / t))`` iterations, where
-      ``t`` is its exclusive iteration time on ``ceil(gpus / gpus_per_node_hint)``
-      nodes: the consolidated placement a trace's run time most likely reflects.
+      ``t`` is its exclusive iteration time at its reference placement: on ``cluster``, the
+      placement it gets there alone (``Cluster.fewest_nodes``), so that it alone takes
+      its trace duration on the cluster simulated; without a cluster,
+      ``ceil(gpus / gpus_per_node_hint)`` nodes. A job larger than ``cluster`` never
+      runs there; its count uses one node, an O(1) stand-in that costs no per-GPU work.
     """
     if gpus_per_node_hint < 1:
         raise ValueError(f"gpus_per_node_hint must be >= 1, got {gpus_per_node_hint}")
@@ -142,11 +147,15 @@ def materialize(
     picker = _checked_picker(trace_jobs, known, mix, seed)
     iteration_times: dict[tuple[str, int, int], float] = {}
 
+    def reference_nodes(gpus: int) -> int:
+        if cluster is None:
+            return math.ceil(gpus / gpus_per_node_hint)
+        return cluster.fewest_nodes(gpus) if gpus <= cluster.total_gpus else 1
+
     def iteration_time(model: str, batch: int, gpus: int) -> float:
         key = (model, batch, gpus)
         if key not in iteration_times:
-            nodes = math.ceil(gpus / gpus_per_node_hint)
-            iteration_times[key] = perf.iteration_time(model, batch, gpus, nodes, 1)
+            iteration_times[key] = perf.iteration_time(model, batch, gpus, reference_nodes(gpus), 1)
         return iteration_times[key]
 
     specs = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,24 @@ def _json_safe(summary: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ files
 
 
+def output_problem(out_dir: str | Path) -> str | None:
+    """Why `write_outputs` could not write into ``out_dir``, or None if it can, found
+    without creating anything: the folder, or the nearest one above it that exists (the
+    rest is created on writing), must be a folder a file can be written in."""
+    out = Path(out_dir)
+    where = out
+    while not where.exists() and where.parent != where:
+        where = where.parent
+    if not where.is_dir():
+        return f"{where} is not a folder" + (f", so {out} cannot be one" if where != out else "")
+    try:
+        with tempfile.TemporaryFile(dir=where):
+            pass
+    except OSError as exc:
+        return f"cannot write in {where}: {exc.strerror or exc}"
+    return None
+
+
 def write_outputs(results: Sequence[SimResult], out_dir: str | Path) -> list[Path]:
     """Write the summary, per-job CSV and plots into ``out_dir``; return the paths."""
     out = Path(out_dir)
@@ -100,7 +119,7 @@ def _job_row(policy: str, job: JobOutcome) -> tuple[object, ...]:
         _cell(job.finish_time),
         _cell(job.jct_s),
         job.queue_s,
-        job.exclusive_s,
+        _cell(job.exclusive_s),
         job.preemptions,
         "true" if job.shared else "false",
         job.state,
@@ -109,7 +128,8 @@ def _job_row(policy: str, job: JobOutcome) -> tuple[object, ...]:
 
 
 def _cell(value: float | None) -> object:
-    return "" if value is None else value
+    # NaN: no such time (a job larger than the cluster has no exclusive run time there)
+    return "" if value is None or math.isnan(value) else value
 
 
 # ------------------------------------------------------------------------------ plots

@@ -9,6 +9,7 @@ message fit to show as is.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,9 @@ from services.scheduler.simulator import SimConfig, simulate
 
 #: ``--cluster alibaba`` reads this node list inside the data folder
 ALIBABA_NODES = Path("traces/alibaba-v2023/openb_node_list_gpu_node.csv")
+#: Largest ``--prediction-error``: a log-normal sigma beyond it tells a policy nothing
+#: more, and its factors leave the range of floating-point numbers
+MAX_PREDICTION_ERROR = 10.0
 #: ``--trace synthetic:N`` asks for N generated jobs instead of a file
 SYNTHETIC_PREFIX = "synthetic:"
 
@@ -60,8 +64,8 @@ def build_cluster(spec: str, data_dir: str | Path | None) -> Cluster:
     if re.fullmatch(r"\d+\s*[xX]\s*\d+", text):
         try:
             return Cluster.parse(text)
-        except ValueError as exc:  # e.g. 0x8: well-formed but empty
-            raise InputError(f"bad cluster spec {spec!r}: {exc}") from None
+        except ValueError as exc:  # e.g. 0x8: well-formed but empty, or too large
+            raise InputError(f"bad cluster spec {spec!r} (--cluster): {exc}") from None
     if text.lower().endswith(".csv") or Path(text).is_file():
         return load_alibaba_nodes(text)
     raise InputError(
@@ -94,21 +98,25 @@ def load_workload(
     limit: int | None = None,
     rate_per_h: float = 10.0,
     mix: Mapping[str, float] | None = None,
+    cluster: Cluster | None = None,
 ) -> Workload:
-    """Read (or, for ``synthetic:N``, generate) trace jobs and make them runnable."""
+    """Read (or, for ``synthetic:N``, generate) trace jobs and make them runnable on
+    ``cluster``: a job given a run time takes that long alone there (see `materialize`;
+    without a cluster, on 8-GPU nodes)."""
     _check_mix(mix, perf)
     count = synthetic_count(str(trace))
     if count is not None:
         n = count if limit is None else min(count, limit)
         generated = _generate(n, seed, rate_per_h, mix)
         note = f"synthetic: {n} jobs, Poisson arrivals at {rate_per_h:g}/h, seed {seed}"
-        return Workload(_materialize(generated, perf, seed, mix), [note])
+        return Workload(_materialize(generated, perf, seed, mix, cluster), [note])
     if fmt is None:
         raise InputError("--format is required with a trace file")
     loaded: LoadedTrace = load_trace(
         trace, fmt, skip_bad_rows=skip_bad_rows, data_dir=data_dir, limit=limit
     )
-    return Workload(_materialize(loaded.jobs, perf, seed, mix), loaded.notes, loaded.skipped_rows)
+    specs = _materialize(loaded.jobs, perf, seed, mix, cluster)
+    return Workload(specs, loaded.notes, loaded.skipped_rows)
 
 
 def _check_mix(mix: Mapping[str, float] | None, perf: PerformanceModel) -> None:
@@ -131,11 +139,15 @@ def _generate(
 
 
 def _materialize(
-    jobs: Sequence[TraceJob], perf: PerformanceModel, seed: int, mix: Mapping[str, float] | None
+    jobs: Sequence[TraceJob],
+    perf: PerformanceModel,
+    seed: int,
+    mix: Mapping[str, float] | None,
+    cluster: Cluster | None,
 ) -> list[JobSpec]:
     # materialize raises ValueError only for what the trace or mix says (unknown model)
     try:
-        return materialize(jobs, perf, seed=seed, mix=mix)
+        return materialize(jobs, perf, seed=seed, mix=mix, cluster=cluster)
     except ValueError as exc:
         raise InputError(str(exc)) from None
 
@@ -148,8 +160,12 @@ def build_models(
 ) -> tuple[PerformanceModel, PerformanceModel | None]:
     """Ground truth from ``data_dir`` (built-in profiles when None) and, when
     ``prediction_error`` > 0, estimates that err by that log-normal sigma."""
-    if prediction_error < 0:
-        raise InputError(f"prediction error must be >= 0, got {prediction_error}")
+    if not 0 <= prediction_error <= MAX_PREDICTION_ERROR:
+        raise InputError(
+            f"--prediction-error {prediction_error:g}: expected a log-normal sigma from 0 "
+            f"to {MAX_PREDICTION_ERROR:g} (at {MAX_PREDICTION_ERROR:g}, one standard "
+            f"deviation already misjudges a model {math.exp(MAX_PREDICTION_ERROR):,.0f}-fold)"
+        )
     try:
         truth = load_performance_model(data_dir)
     except (OSError, ValueError) as exc:  # missing data folder, malformed profile file

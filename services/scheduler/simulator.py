@@ -230,21 +230,33 @@ class Simulator:
     # ---- job lifecycle --------------------------------------------------------------
     def _arrive(self, job_id: str) -> bool:
         spec = self._specs_by_id[job_id]
-        nodes = -(-spec.gpus // self.cluster.max_gpus_per_node)
-        est_iter = self.estimates.iteration_time(spec.model, spec.batch_size, spec.gpus, nodes)
-        true_iter = self.truth.iteration_time(spec.model, spec.batch_size, spec.gpus, nodes)
+        if spec.gpus > self.cluster.total_gpus:
+            # no placement exists to time it at; decided before any per-GPU work
+            job = self.jobs[job_id] = SimJob(spec, math.nan, math.nan)
+            return self._refuse(job, unschedulable_reason(self._view(job), self._idle))
+        est_iter, true_iter = self._alone_iter(spec)
         job = SimJob(spec, est_iter, true_iter)
         self.jobs[job_id] = job
         view = self._view(job)
         bad = unschedulable_reason(view, self._idle)
         if bad:
-            job.state = UNSCHEDULABLE
-            self.unschedulable[job_id] = bad
-            self.done += 1
-            return False
+            return self._refuse(job, bad)
         job.state = "pending"
         self._enqueue(view)
         return True
+
+    def _alone_iter(self, spec: JobSpec) -> tuple[float, float]:
+        """Estimated and true iteration time of the job alone at its most consolidated
+        placement on this cluster (the reference `materialize` converts run times at)."""
+        nodes = self.cluster.fewest_nodes(spec.gpus)
+        est = self.estimates.iteration_time(spec.model, spec.batch_size, spec.gpus, nodes)
+        return est, self.truth.iteration_time(spec.model, spec.batch_size, spec.gpus, nodes)
+
+    def _refuse(self, job: SimJob, reason: str | None) -> bool:
+        job.state = UNSCHEDULABLE
+        self.unschedulable[job.spec.job_id] = reason or "unschedulable"
+        self.done += 1
+        return False
 
     def _enqueue(self, view: JobView) -> None:
         self.pending[view.job_id] = view
@@ -334,7 +346,7 @@ class Simulator:
         if job.state != "running" or job.version != version:
             return False
         self._settle(job)
-        if job.remaining > ITER_EPSILON * max(1.0, job.spec.iterations):
+        if job.remaining > ITER_EPSILON * max(1.0, job.spec.iterations) and self._still_ahead(job):
             self._retime(job)  # rounding left a sliver: finish it
             return False
         job.remaining = 0.0
@@ -346,6 +358,13 @@ class Simulator:
             self._settle(other)
             self._retime(other)
         return True
+
+    def _still_ahead(self, job: SimJob) -> bool:
+        """Whether the time the job has left moves the clock at all. Far from zero the
+        gap between two floats exceeds a short job (at 1e20 s it is 16,384 s): such a
+        job's finish rounds to now, and timing it again would put it at now forever."""
+        left = job.overhead_left + job.remaining * job.iter_time
+        return self.clock + left > self.clock
 
     def _release(self, job: SimJob) -> list[SimJob]:
         partners = self._partners(job)
@@ -426,12 +445,8 @@ class Simulator:
         self._settle(job)
         partners = self._release(job)
         spec = replace(job.spec, batch_size=resize.batch_size, gpus=len(resize.gpu_ids))
-        nodes = -(-spec.gpus // self.cluster.max_gpus_per_node)
         job.spec = spec
-        job.est_iter = self.estimates.iteration_time(spec.model, spec.batch_size, spec.gpus, nodes)
-        job.exclusive_iter = self.truth.iteration_time(
-            spec.model, spec.batch_size, spec.gpus, nodes
-        )
+        job.est_iter, job.exclusive_iter = self._alone_iter(spec)
         job.state = "pending"
         job.overhead_left = self.config.restart_overhead_s
         job.queued_since = self.clock
