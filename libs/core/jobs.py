@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -10,7 +11,9 @@ class JobSpec:
     """A training job as submitted.
 
     ``iterations`` is the ground truth: how many iterations of the global batch the job
-    really runs. A scheduler never reads it; it sees a prediction instead.
+    really runs. A scheduler never reads it; it sees a prediction instead. It need not
+    be whole: a count derived from a trace's run time keeps its fraction, so the job
+    takes exactly that run time (see ``libs.core.workload.materialize``).
     """
 
     job_id: str
@@ -18,7 +21,7 @@ class JobSpec:
     model: str
     gpus: int
     batch_size: int
-    iterations: int
+    iterations: float
     allow_sharing: bool = True
     deadline: float | None = None
     user: str = ""
@@ -32,7 +35,9 @@ class JobSpec:
             raise ValueError(f"job {self.job_id}: gpus must be >= 1, got {self.gpus}")
         if self.batch_size < 1:
             raise ValueError(f"job {self.job_id}: batch_size must be >= 1, got {self.batch_size}")
-        if self.iterations < 1:
-            raise ValueError(f"job {self.job_id}: iterations must be >= 1, got {self.iterations}")
+        if not 0 < self.iterations < math.inf:
+            raise ValueError(
+                f"job {self.job_id}: iterations must be a finite number > 0, got {self.iterations}"
+            )
         if self.submit_time < 0:
             raise ValueError(f"job {self.job_id}: submit_time must be >= 0")

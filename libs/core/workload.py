@@ -134,10 +134,11 @@ def materialize(
       smaller than the GPU count is raised to the GPU count, the smallest batch that
       gives every GPU at least one sample; larger batches are kept as given (the
       per-GPU batch may be fractional, as performance models accept).
-    - A job given a run time runs ``max(1, round(duration_s / t))`` iterations, where
-      ``t`` is its exclusive iteration time at its reference placement: on ``cluster``, the
-      placement it gets there alone (``Cluster.fewest_nodes``), so that it alone takes
-      its trace duration on the cluster simulated; without a cluster,
+    - A job given a run time runs ``duration_s / t`` iterations (a fraction of one, or
+      not a whole number, as it comes), where ``t`` is its exclusive iteration time at
+      its reference placement: on ``cluster``, the placement it gets there alone
+      (``Cluster.fewest_nodes``), so that it alone takes exactly its trace duration on
+      the cluster simulated; without a cluster,
       ``ceil(gpus / gpus_per_node_hint)`` nodes. A job larger than ``cluster`` never
       runs there; its count uses one node, an O(1) stand-in that costs no per-GPU work.
     """
@@ -167,10 +168,14 @@ def materialize(
                 f"valid models: {', '.join(sorted(known))}"
             )
         batch = max(job.batch_size or perf.default_batch_size(model), job.gpus)
-        iterations = job.iterations
-        if iterations is None:
+        iterations: float
+        if job.iterations is not None:
+            iterations = job.iterations
+        else:
             assert job.duration_s is not None  # TraceJob holds exactly one of the two
-            iterations = max(1, round(job.duration_s / iteration_time(model, batch, job.gpus)))
+            # not rounded: a whole number of iterations would miss the run time by up
+            # to half an iteration, enough to reorder jobs of equal trace durations
+            iterations = job.duration_s / iteration_time(model, batch, job.gpus)
         specs.append(_spec(job, model, batch, iterations))
     return specs
 
@@ -190,7 +195,7 @@ def _checked_picker(
     return _Picker(chosen, random.Random(seed))
 
 
-def _spec(job: TraceJob, model: str, batch: int, iterations: int) -> JobSpec:
+def _spec(job: TraceJob, model: str, batch: int, iterations: float) -> JobSpec:
     return JobSpec(
         job_id=job.job_id,
         submit_time=job.submit_time,
