@@ -254,14 +254,13 @@ class Quotas:
         change = _Change("reserve", job_id, gpus, time.time())
         return await asyncio.shield(quota.submit(change))
 
-    def release(self, tenant: str, *job_ids: str) -> asyncio.Future[bool] | None:
-        """Give the jobs' reservations back. The release happens even when the caller
-        does not wait for it; the future tells when (and whether it failed)."""
+    def release(self, tenant: str, job_id: str) -> asyncio.Future[bool] | None:
+        """Give the job's reservation back. The release happens even when the caller
+        does not wait for it; the future tells when (True: there was one to release)."""
         quota = self._tenants.get(tenant)
-        if quota is None or not job_ids:
+        if quota is None:
             return None
-        futures = [quota.submit(_Change("release", job_id)) for job_id in job_ids]
-        return futures[-1]
+        return quota.submit(_Change("release", job_id))
 
     async def used(self, tenant: str) -> int:
         """GPUs reserved for the tenant now, read from the bucket."""
