@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from libs.core.decision import Decision
 from libs.core.snapshot import Snapshot
-from services.scheduler.policies import POLICIES, make_policy
+from services.scheduler.policies import POLICIES, RESIDENT_CAP_POLICIES, make_policy
 from services.scheduler.policies.base import Policy
 from services.scheduler.simulator import SimConfig, simulate
 from tests.builders import TablePerf, cluster, job
@@ -106,7 +106,7 @@ def test_every_policy_keeps_the_cluster_invariants_and_finishes_every_schedulabl
         assert outcome.jct_s is not None
         assert outcome.jct_s >= outcome.exclusive_s * (1 - 1e-9)
     assert 0.0 <= result.gpu_util <= 1.0 + 1e-9
-    if not any(s for *_, s in rows) or policy_name in ("fifo", "sjf", "srtf", "tiresias"):
+    if not any(s for *_, s in rows) or policy_name not in RESIDENT_CAP_POLICIES:
         assert result.shared_pairs == 0
 
 

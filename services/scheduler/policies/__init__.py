@@ -7,11 +7,12 @@ from dataclasses import replace
 
 from services.scheduler.policies.base import Policy
 from services.scheduler.policies.preemptive import Srtf, Tiresias
-from services.scheduler.policies.simple import Fifo, Sjf
+from services.scheduler.policies.simple import Fifo, FifoBackfill, Sjf
 from services.scheduler.policies.sjf_bsbf import SjfBsbf
 
 POLICIES: dict[str, Callable[[], Policy]] = {
     "fifo": Fifo,
+    "fifo-backfill": FifoBackfill,
     "sjf": Sjf,
     "srtf": Srtf,
     "tiresias": Tiresias,

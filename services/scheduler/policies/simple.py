@@ -37,6 +37,14 @@ class Fifo:
 
 
 @dataclass(frozen=True)
+class FifoBackfill(Fifo):
+    """First come, first served with backfilling: a later job that fits the idle GPUs now starts."""
+
+    backfill: bool = True
+    name: str = "fifo-backfill"
+
+
+@dataclass(frozen=True)
 class Sjf:
     """Shortest (predicted) job first, non-preemptive, skipping jobs that do not fit."""
 
