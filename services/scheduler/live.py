@@ -667,7 +667,13 @@ class LiveScheduler(Actor[Message]):
     async def _lost(self, job: LiveJob, why: str) -> None:
         # a run that ended has its exit stored before its node forgets it: that exit, not
         # a requeue, is the job's fate, or a finished job would run again
-        exit = await self._stored_exit(job)
+        try:
+            exit = await self._stored_exit(job)
+        except Exception as exc:
+            # not knowing whether it ended is no reason to run it twice: ask again later
+            self.log.warning("cannot look for a stored exit; job left as it is",
+                             job_id=job.id, error=repr(exc))
+            return
         if exit is not None:
             self.log.info("exit found for a job its node no longer lists", job_id=job.id)
             await self._exit(exit)
