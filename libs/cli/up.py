@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import secrets
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from typing import Literal
 
 from libs.cli.client import up_file
 from libs.common.embedded import NatsServer
+from libs.common.natsauth import Credentials, nodeagent_user, write_private
 from services.admission.config import AdmissionConfig
 from services.admission.service import AdmissionService
 from services.nodeagent.cluster import EmulatedCluster
@@ -31,6 +33,9 @@ class UpConfig:
     port: int = 8080
     #: an existing NATS server; None starts an embedded one
     nats_url: str | None = None
+    #: the embedded server admits only the services, each with its own user and
+    #: permissions (docs/security.md); False: anyone reaching its port may do anything
+    nats_auth: bool = True
     #: JetStream storage, checkpoints and job logs
     state_dir: Path = field(default_factory=lambda: up_file().parent)
     jobs_mode: Literal["simulated", "process"] = "simulated"
@@ -56,7 +61,9 @@ class UpConfig:
 
 class LocalCluster:
     """``async with LocalCluster(config) as cluster``: everything up; ``cluster.url``,
-    ``cluster.token`` and ``cluster.nats_url`` say how to reach it."""
+    ``cluster.token`` and ``cluster.nats_url`` say how to reach it. With an embedded,
+    authenticated NATS, ``cluster.credentials`` holds every service's user and
+    ``cluster.nats_url`` carries no password (``connect_url(user)`` does)."""
 
     def __init__(self, config: UpConfig) -> None:
         self.config = config
@@ -64,6 +71,7 @@ class LocalCluster:
         self.nats_url = config.nats_url or ""
         self.url = ""
         self.nats: NatsServer | None = None
+        self.credentials: Credentials | None = None
         self.scheduler: SchedulerService | None = None
         self.agents: EmulatedCluster | None = None
         self._stack = contextlib.AsyncExitStack()
@@ -80,48 +88,72 @@ class LocalCluster:
         config = self.config
         config.state_dir.mkdir(parents=True, exist_ok=True)
         if not self.nats_url:
-            self.nats = NatsServer(store_dir=config.state_dir / "nats").start()
+            if config.nats_auth:
+                self.credentials = Credentials.generate(node_names(config.nodes))
+            users = list(self.credentials.users.values()) if self.credentials else None
+            self.nats = NatsServer(store_dir=config.state_dir / "nats", users=users).start()
             self._stack.callback(self.nats.close)
             self.nats_url = self.nats.url
-        url = self.nats_url
+        url = self.connect_url
         await self._stack.enter_async_context(
-            PredictorService(PredictorConfig(nats_url=url, data_dir=config.data_dir))
+            PredictorService(
+                PredictorConfig(nats_url=url("predictor"), data_dir=config.data_dir)
+            )
         )
         self.scheduler = await self._stack.enter_async_context(
             SchedulerService(
                 SchedulerConfig(
-                    nats_url=url, policy=config.policy, time_scale=config.time_scale,
+                    nats_url=url("scheduler"), policy=config.policy, time_scale=config.time_scale,
                     data_dir=config.data_dir, max_resident_slowdown=config.max_resident_slowdown,
                     node_timeout_s=max(5.0, 5 * config.heartbeat_s),
                 )
             )
         )
         if config.nodes:
-            self.agents = await self._stack.enter_async_context(
-                EmulatedCluster.of(
-                    url, config.nodes, config.gpus_per_node,
-                    gpu_model=config.gpu_model, work_dir=config.state_dir / "work",
-                    jobs_mode=config.jobs_mode, time_scale=config.time_scale,
-                    data_dir=config.data_dir, heartbeat_s=config.heartbeat_s,
-                )
+            agents = EmulatedCluster.of(
+                self.nats_url, config.nodes, config.gpus_per_node,
+                gpu_model=config.gpu_model, work_dir=config.state_dir / "work",
+                jobs_mode=config.jobs_mode, time_scale=config.time_scale,
+                data_dir=config.data_dir, heartbeat_s=config.heartbeat_s,
+                # each agent is its own NATS user, allowed only its own node's subjects
+                share_connection=self.credentials is None,
             )
+            agents.configs = [
+                dataclasses.replace(c, nats_url=self.connect_url(nodeagent_user(c.name)))
+                for c in agents.configs
+            ]
+            self.agents = await self._stack.enter_async_context(agents)
         admission = await self._stack.enter_async_context(
             AdmissionService(
                 AdmissionConfig(
-                    nats_url=url, host=config.host, port=config.port,
+                    nats_url=url("admission"), host=config.host, port=config.port,
                     tokens={self.token: "default"}, data_dir=config.data_dir,
                 )
             )
         )
         self.url = admission.url
         path = up_file()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"url": self.url, "token": self.token, "nats_url": url}))
-        path.chmod(0o600)
+        # the token and the tap user's password: readable by this user only
+        write_private(
+            path,
+            json.dumps({"url": self.url, "token": self.token, "nats_url": url("tap")}),
+        )
         self._stack.callback(_forget, path, self.url)
+
+    def connect_url(self, user: str) -> str:
+        """The NATS URL ``user`` connects with: its name and password in it when the
+        embedded server authenticates, else the plain URL."""
+        if self.credentials is None:
+            return self.nats_url
+        return self.credentials.url(user, self.nats_url)
 
     async def __aexit__(self, *exc: object) -> None:
         await self._stack.aclose()
+
+
+def node_names(nodes: int) -> list[str]:
+    """The names EmulatedCluster gives ``nodes`` agents."""
+    return [f"node-{i}" for i in range(nodes)]
 
 
 def _forget(path: Path, url: str) -> None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -26,7 +28,7 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from libs.common import codec, subjects
+from libs.common import codec, natsauth, subjects
 
 log = structlog.get_logger("gpusched.bus")
 
@@ -36,12 +38,39 @@ STREAM_MAX_AGE_S = 7 * 24 * 3600
 DUPLICATE_WINDOW_S = 24 * 3600
 
 
+def credentials(url: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The connect options for ``url``: its servers (one URL or several, comma-separated)
+    and the user, from the URL (``nats://user:password@host:port``) or else from
+    ``NATS_USER`` with ``NATS_PASSWORD`` or ``NATS_PASSWORD_FILE``. A user gets its own
+    reply inbox prefix, the one its permissions allow."""
+    env = os.environ if environ is None else environ
+    servers, user, secret = natsauth.credentials_in(url)
+    if user is None and env.get("NATS_USER"):
+        user = env["NATS_USER"]
+        secret = env.get("NATS_PASSWORD")
+        if not secret and env.get("NATS_PASSWORD_FILE"):
+            secret = Path(env["NATS_PASSWORD_FILE"]).read_text().strip()
+    options: dict[str, Any] = {"servers": servers}
+    if user is not None:
+        options["user"] = user
+        options["password"] = secret or ""
+        options["inbox_prefix"] = natsauth.inbox_prefix(user)
+    return options
+
+
 async def connect(
     url: str, name: str, first_connect_s: float = 30.0, **options: Any
 ) -> Client:
-    """A client that reconnects forever: a NATS restart is a pause, not a crash."""
+    """A client that reconnects forever: a NATS restart is a pause, not a crash. The
+    first connection waits up to ``first_connect_s`` for a server that is still starting;
+    refused credentials fail at once. ``url`` may carry credentials (see
+    ``credentials``); they never appear in a log line or an error."""
 
     client: list[Client] = []
+    shown = natsauth.redact(url)
+    loop = asyncio.get_running_loop()
+    refused: asyncio.Future[Exception] = loop.create_future()
+    also_on_error = options.pop("error_cb", None)
 
     async def disconnected() -> None:
         closing = client and (client[0].is_closed or client[0].is_draining)
@@ -52,10 +81,16 @@ async def connect(
         log.info("nats reconnected", client=name)
 
     async def error(exc: Exception) -> None:
-        log.debug("nats error", client=name, error=str(exc))
+        text = str(exc).lower()
+        if not client and "authorization violation" in text and not refused.done():
+            refused.set_result(exc)
+        # a permissions violation is a publish or subscription the server dropped
+        denied = "permissions violation" in text
+        (log.warning if denied else log.debug)("nats error", client=name, error=str(exc))
+        if also_on_error is not None:
+            await also_on_error(exc)
 
     settings: dict[str, Any] = {
-        "servers": [url],
         "name": name,
         "max_reconnect_attempts": -1,
         "reconnect_time_wait": 0.25,
@@ -64,20 +99,25 @@ async def connect(
         "disconnected_cb": disconnected,
         "reconnected_cb": reconnected,
         "error_cb": error,
+        **credentials(url),
     }
     settings.update(options)
-    # a server that is still starting (or restarting) must not fail the service
-    deadline = asyncio.get_running_loop().time() + first_connect_s
-    while True:
-        try:
-            nc = await nats.connect(**settings)
-            client.append(nc)
-            return nc
-        except Exception as exc:
-            if asyncio.get_running_loop().time() > deadline:
-                raise ConnectionError(f"cannot reach NATS at {url}: {exc}") from exc
-            log.warning("nats not reachable yet", client=name, url=url, error=str(exc))
-            await asyncio.sleep(0.5)
+    # nats-py retries the first connection by itself (max_reconnect_attempts=-1)
+    attempt = asyncio.ensure_future(nats.connect(**settings))
+    waited: set[asyncio.Future[Any]] = {attempt, refused}
+    done, _ = await asyncio.wait(
+        waited, timeout=first_connect_s, return_when=asyncio.FIRST_COMPLETED
+    )
+    if attempt in done:
+        nc = attempt.result()
+        client.append(nc)
+        return nc
+    attempt.cancel()
+    with contextlib.suppress(BaseException):
+        await attempt
+    if refused.done():
+        raise ConnectionError(f"NATS at {shown} refused the credentials: {refused.result()}")
+    raise ConnectionError(f"cannot reach NATS at {shown} within {first_connect_s} s")
 
 
 @contextlib.asynccontextmanager

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from libs.common.natsauth import NatsUser, server_authorization, write_private
 
 
 class NatsServerNotFound(RuntimeError):
@@ -42,17 +45,40 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 @dataclass
 class NatsServer:
-    """One nats-server process. ``start`` blocks until it accepts connections."""
+    """One nats-server process. ``start`` blocks until it accepts connections.
+
+    Without ``users`` anyone who reaches the port may do anything (tests, a private
+    machine). With ``users`` (see :mod:`libs.common.natsauth`) only they may connect, each
+    with its own permissions; the configuration holding their passwords is written to
+    ``store_dir/nats.conf`` with mode 0600."""
 
     store_dir: Path | None = None
     port: int = 0
     host: str = "127.0.0.1"
+    users: Sequence[NatsUser] | None = None
     _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
         return f"nats://{self.host}:{self.port}"
+
+    @property
+    def config_file(self) -> Path:
+        assert self.store_dir is not None
+        return self.store_dir / "nats.conf"
+
+    def configuration(self) -> str:
+        """The server's configuration file: listen address, JetStream store and, when
+        there are users, the authorization block."""
+        assert self.store_dir is not None
+        text = (
+            f"listen: {json.dumps(f'{self.host}:{self.port}')}\n"
+            f"jetstream {{ store_dir: {json.dumps(str(self.store_dir))} }}\n"
+        )
+        if self.users is not None:
+            text += server_authorization(self.users)
+        return text
 
     def start(self, timeout_s: float = 10.0) -> NatsServer:
         if self.store_dir is None:
@@ -61,9 +87,9 @@ class NatsServer:
         if not self.port:
             self.port = free_port()
         self.store_dir.mkdir(parents=True, exist_ok=True)
+        write_private(self.config_file, self.configuration())
         self._process = subprocess.Popen(
-            [server_binary(), "-a", self.host, "-p", str(self.port), "-js",
-             "-sd", str(self.store_dir)],
+            [server_binary(), "-c", str(self.config_file)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

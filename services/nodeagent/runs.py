@@ -14,7 +14,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -366,8 +366,37 @@ class ProcessRun(Actor[RunMessage]):
         self._report(RunEnded(self.plan.job_id, self.plan.run_id, end))
 
 
-def run_environment(values: dict[str, Any], base: dict[str, str] | None = None) -> dict[str, str]:
-    """The child's environment: the agent's own, plus the job contract."""
-    env = dict(os.environ if base is None else base)
+#: variables of the agent's environment a job process inherits; nothing else passes
+#: (no NATS credentials, no API tokens, no agent settings)
+INHERITED_VARIABLES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
+    "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
+    "NVIDIA_DRIVER_CAPABILITIES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCH_HOME",
+})
+#: prefixes of inherited variables: locale, NCCL tuning, the built-in worker's own knobs
+INHERITED_PREFIXES = ("LC_", "NCCL_", "GPUSCHED_WORKER_")
+#: the agent's variable naming further variables to pass on (comma-separated)
+PASSTHROUGH_VARIABLE = "GPUSCHED_JOB_ENV_PASSTHROUGH"
+#: never passed on, even when named in PASSTHROUGH_VARIABLE
+WITHHELD_PREFIXES = ("NATS_",)
+
+
+def inherited(name: str, extra: frozenset[str] = frozenset()) -> bool:
+    if name.startswith(WITHHELD_PREFIXES):
+        return False
+    return name in INHERITED_VARIABLES or name in extra or name.startswith(INHERITED_PREFIXES)
+
+
+def run_environment(
+    values: dict[str, Any], base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The child's environment: the job contract, plus the few variables of the agent's
+    own environment (``base``) that ``inherited`` allows. Everything else the agent holds
+    (its NATS credentials, tokens, settings) stays out of the job."""
+    source = os.environ if base is None else base
+    extra = frozenset(
+        n.strip() for n in source.get(PASSTHROUGH_VARIABLE, "").split(",") if n.strip()
+    )
+    env = {name: value for name, value in source.items() if inherited(name, extra)}
     env.update({key: str(value) for key, value in values.items()})
     return env

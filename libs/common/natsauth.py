@@ -1,0 +1,366 @@
+"""Who may publish and subscribe to what on NATS: one user per kind of service (one per
+node agent), with the subjects that service really uses and nothing else.
+
+The permissions are built from the names in :mod:`libs.common.subjects`; docs/security.md
+lists them. :func:`server_authorization` renders them as the ``authorization`` block of a
+nats-server configuration file, with generated passwords (``gpusched up``) or environment
+references (compose). Every user gets its own reply inbox prefix (``_INBOX_<user>``), so
+one service cannot read the replies meant for another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+from libs.common import subjects
+
+P = subjects.PREFIX
+_JS = "$JS.API"
+_USER_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+
+#: admission's own buckets (the per-tenant quota ledgers, services/admission/quota.py)
+ADMISSION_BUCKETS = ("gpusched_quota",)
+
+#: the JetStream streams behind gpusched's KV buckets
+_BUCKETS = (
+    subjects.JOBS_BUCKET,
+    subjects.NODES_BUCKET,
+    subjects.LEASE_BUCKET,
+    subjects.LIVE_BUCKET,
+    subjects.PREDICTOR_BUCKET,
+)
+
+
+def kv_stream(bucket: str) -> str:
+    return f"KV_{bucket}"
+
+
+def kv_keys(bucket: str) -> str:
+    return f"$KV.{bucket}.*"
+
+
+def inbox_prefix(user: str) -> str:
+    """Where a user's replies arrive (nats-py's ``inbox_prefix``)."""
+    return f"_INBOX_{user}"
+
+
+def _open_stores() -> list[str]:
+    """What ``Stores.open`` asks: look up (or create, identically) the jobs stream and
+    the KV buckets. Creating an existing stream with the same settings changes nothing;
+    changing settings needs ``STREAM.UPDATE``, which only the scheduler and admission
+    have."""
+    streams = [subjects.JOBS_STREAM, *(kv_stream(b) for b in _BUCKETS)]
+    return [f"{_JS}.STREAM.{action}.{s}" for s in streams for action in ("INFO", "CREATE")]
+
+
+def _update_stores() -> list[str]:
+    streams = [subjects.JOBS_STREAM, *(kv_stream(b) for b in _BUCKETS)]
+    return [f"{_JS}.STREAM.UPDATE.{s}" for s in streams]
+
+
+def _read_bucket(bucket: str) -> list[str]:
+    """Get single values of a bucket."""
+    stream = kv_stream(bucket)
+    return [f"{_JS}.STREAM.MSG.GET.{stream}", f"{_JS}.DIRECT.GET.{stream}",
+            f"{_JS}.DIRECT.GET.{stream}.>"]
+
+
+def _own_bucket(bucket: str) -> list[str]:
+    """Everything on a bucket only this service uses: create, read, write."""
+    stream = kv_stream(bucket)
+    return [
+        kv_keys(bucket),
+        *(f"{_JS}.STREAM.{action}.{stream}" for action in ("INFO", "CREATE", "UPDATE")),
+        *_read_bucket(bucket),
+    ]
+
+
+def _consume(stream: str) -> list[str]:
+    """Create, inspect, pull from and delete consumers of one stream (watchers, key
+    listings, the scheduler's durable consumer), and answer their flow control."""
+    return [
+        f"{_JS}.CONSUMER.*.{stream}",
+        f"{_JS}.CONSUMER.*.{stream}.>",
+        f"{_JS}.CONSUMER.MSG.NEXT.{stream}.>",
+        f"{_JS}.CONSUMER.DURABLE.CREATE.{stream}.>",
+        f"$JS.ACK.{stream}.>",
+        f"$JS.FC.{stream}.>",
+    ]
+
+
+@dataclass(frozen=True)
+class Permissions:
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    #: may answer requests it received (reply subjects), once each
+    allow_responses: bool = False
+
+
+def admission() -> Permissions:
+    """Stores job records and publishes submissions and cancels; reads records, nodes,
+    telemetry, and a job's state and progress for its event stream."""
+    return Permissions(
+        publish=(
+            f"{P}.job.*.submitted",
+            f"{P}.job.*.cancel",
+            kv_keys(subjects.JOBS_BUCKET),
+            kv_keys(subjects.LIVE_BUCKET),
+            *_open_stores(),
+            *_update_stores(),
+            *_read_bucket(subjects.JOBS_BUCKET),
+            *_read_bucket(subjects.NODES_BUCKET),
+            *(p for b in ADMISSION_BUCKETS for p in _own_bucket(b)),
+            *_consume(kv_stream(subjects.JOBS_BUCKET)),
+            *_consume(kv_stream(subjects.NODES_BUCKET)),
+        ),
+        subscribe=(
+            subjects.ALL_JOB_STATES,
+            subjects.ALL_JOB_PROGRESS,
+            subjects.ALL_TELEMETRY,
+        ),
+    )
+
+
+def scheduler() -> Permissions:
+    """Consumes the jobs stream, owns the job records, the lease and the live index,
+    commands node agents, asks the predictor, and serves its status endpoint."""
+    return Permissions(
+        publish=(
+            f"{P}.node.*.command",
+            subjects.ALL_JOB_STATES,
+            f"{P}.scheduler.*.decision",
+            f"{subjects.PREDICTOR_GROUP}.>",
+            kv_keys(subjects.JOBS_BUCKET),
+            kv_keys(subjects.LEASE_BUCKET),
+            kv_keys(subjects.LIVE_BUCKET),
+            *_open_stores(),
+            *_update_stores(),
+            f"{_JS}.STREAM.PURGE.{kv_stream(subjects.LIVE_BUCKET)}",
+            # the stored exit of a run its node no longer lists (LiveScheduler._lost)
+            f"{_JS}.STREAM.MSG.GET.{subjects.JOBS_STREAM}",
+            *(p for b in (subjects.JOBS_BUCKET, subjects.NODES_BUCKET, subjects.LEASE_BUCKET,
+                          subjects.LIVE_BUCKET) for p in _read_bucket(b)),
+            *_consume(subjects.JOBS_STREAM),
+            *(p for b in (subjects.JOBS_BUCKET, subjects.NODES_BUCKET, subjects.LIVE_BUCKET)
+              for p in _consume(kv_stream(b))),
+        ),
+        subscribe=(
+            subjects.ALL_HEARTBEATS,
+            subjects.ALL_JOB_PROGRESS,
+            f"{P}.scheduler.*.status",
+            "$SRV.>",
+        ),
+        allow_responses=True,
+    )
+
+
+def predictor() -> Permissions:
+    """Serves predictions, learns from progress and state events and job records, and
+    keeps what it learned in its own bucket."""
+    return Permissions(
+        publish=(
+            kv_keys(subjects.PREDICTOR_BUCKET),
+            *_open_stores(),
+            *_read_bucket(subjects.JOBS_BUCKET),
+            *_read_bucket(subjects.PREDICTOR_BUCKET),
+        ),
+        subscribe=(
+            f"{subjects.PREDICTOR_GROUP}.>",
+            subjects.ALL_JOB_PROGRESS,
+            subjects.ALL_JOB_STATES,
+            "$SRV.>",
+        ),
+        allow_responses=True,
+    )
+
+
+def nodeagent(node: str) -> Permissions:
+    """Receives its own node's commands only; publishes its own heartbeats, telemetry
+    and registration, and the progress and exits of the jobs it runs. It reads no job
+    record, no other node's registration, and cannot command any node."""
+    return Permissions(
+        publish=(
+            subjects.node_heartbeat(node),
+            subjects.node_telemetry(node),
+            f"$KV.{subjects.NODES_BUCKET}.{node}",
+            subjects.ALL_JOB_PROGRESS,
+            f"{P}.job.*.exit",
+            *_open_stores(),
+        ),
+        subscribe=(subjects.node_command(node),),
+        allow_responses=True,
+    )
+
+
+def tap() -> Permissions:
+    """``gpusched tap``: reads every gpusched subject, publishes nothing."""
+    return Permissions(publish=(), subscribe=(subjects.EVERYTHING,))
+
+
+# ---- users and credentials ----------------------------------------------------------
+
+
+def nodeagent_user(node: str) -> str:
+    return f"nodeagent-{subjects._id(node)}"
+
+
+@dataclass(frozen=True)
+class NatsUser:
+    name: str
+    password: str
+    permissions: Permissions
+    #: when True, ``password`` names an environment variable the server reads
+    password_from_env: bool = field(default=False)
+
+    def __post_init__(self) -> None:
+        if not _USER_RE.match(self.name):
+            raise ValueError(f"user {self.name!r}: only letters, digits, '-' and '_'")
+
+    def __repr__(self) -> str:  # never show a password
+        return f"NatsUser({self.name!r})"
+
+
+def password() -> str:
+    return secrets.token_urlsafe(24)
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """One user per service kind and per node agent, with random passwords."""
+
+    users: dict[str, NatsUser]
+
+    @classmethod
+    def generate(cls, nodes: Iterable[str]) -> Credentials:
+        made = [
+            NatsUser("admission", password(), admission()),
+            NatsUser("scheduler", password(), scheduler()),
+            NatsUser("predictor", password(), predictor()),
+            NatsUser("tap", password(), tap()),
+            *(NatsUser(nodeagent_user(n), password(), nodeagent(n)) for n in nodes),
+        ]
+        return cls({u.name: u for u in made})
+
+    def url(self, user: str, server_url: str) -> str:
+        """``server_url`` (one URL or several, comma-separated) with ``user``'s name and
+        password in each."""
+        found = self.users[user]
+        return with_credentials(server_url, found.name, found.password)
+
+    def nodeagent_url(self, node: str, server_url: str) -> str:
+        return self.url(nodeagent_user(node), server_url)
+
+    def __repr__(self) -> str:
+        return f"Credentials({sorted(self.users)})"
+
+
+# ---- URLs -----------------------------------------------------------------------------
+
+
+def split_servers(url: str) -> list[str]:
+    return [part.strip() for part in url.split(",") if part.strip()]
+
+
+def with_credentials(url: str, user: str, secret: str) -> str:
+    out = []
+    for server in split_servers(url):
+        parts = urlsplit(server)
+        host = parts.netloc.rsplit("@", 1)[-1]
+        netloc = f"{quote(user, safe='')}:{quote(secret, safe='')}@{host}"
+        out.append(urlunsplit((parts.scheme, netloc, parts.path, "", "")))
+    return ",".join(out)
+
+
+def credentials_in(url: str) -> tuple[list[str], str | None, str | None]:
+    """The server URLs without user information, and the user and password that the
+    first URL carrying them names."""
+    servers: list[str] = []
+    user = secret = None
+    for server in split_servers(url):
+        parts = urlsplit(server)
+        if parts.username is not None and user is None:
+            user = unquote(parts.username)
+            secret = unquote(parts.password) if parts.password is not None else None
+        host = parts.netloc.rsplit("@", 1)[-1]
+        servers.append(urlunsplit((parts.scheme, host, parts.path, "", "")))
+    return servers, user, secret
+
+
+def redact(url: str) -> str:
+    """A URL fit for a log line: the password replaced by ``***``."""
+    servers = []
+    for server in split_servers(url):
+        parts = urlsplit(server)
+        host = parts.netloc.rsplit("@", 1)[-1]
+        if parts.username is not None:
+            host = f"{parts.username}:***@{host}" if parts.password is not None else f"***@{host}"
+        servers.append(urlunsplit((parts.scheme, host, parts.path, "", "")))
+    return ",".join(servers)
+
+
+# ---- the server's configuration -------------------------------------------------------
+
+
+def _q(value: str) -> str:
+    return json.dumps(value)
+
+
+def _list(values: Sequence[str]) -> str:
+    return "[" + ", ".join(_q(v) for v in values) + "]"
+
+
+def _user_block(user: NatsUser) -> str:
+    perms = user.permissions
+    secret = f"${user.password}" if user.password_from_env else _q(user.password)
+    # its own inbox: replies, and messages to itself (``bus.settle``)
+    inbox = f"{inbox_prefix(user.name)}.>"
+    publish = (*perms.publish, inbox)
+    subscribe = (*perms.subscribe, inbox)
+    lines = [
+        "    {",
+        f"      user: {_q(user.name)}",
+        f"      password: {secret}",
+        "      permissions: {",
+        f"        publish: {{ allow: {_list(publish)} }}",
+        f"        subscribe: {{ allow: {_list(subscribe)} }}",
+    ]
+    if perms.allow_responses:
+        lines.append("        allow_responses: true")
+    lines += ["      }", "    }"]
+    return "\n".join(lines)
+
+
+def server_authorization(users: Iterable[NatsUser]) -> str:
+    """The ``authorization`` block of a nats-server configuration."""
+    blocks = "\n".join(_user_block(u) for u in users)
+    return f"authorization {{\n  users: [\n{blocks}\n  ]\n}}\n"
+
+
+# ---- private files --------------------------------------------------------------------
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only, from the moment the file
+    exists: a new file is made with mode 0600 (O_EXCL, never an existing file's mode)
+    and moved over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(6)}")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise
