@@ -13,6 +13,10 @@ COPY libs ./libs
 COPY services ./services
 RUN pip install --no-cache-dir .
 
+# Services, and the jobs a node agent starts, run as an unprivileged user; /work (the
+# node agents' checkpoints and job logs) belongs to it, so a volume mounted there does too.
+RUN useradd --create-home --uid 10001 gpusched && mkdir /work && chown gpusched /work
+USER gpusched
 ENV GPUSCHED_LOG_LEVEL=info \
     PYTHONUNBUFFERED=1
 EXPOSE 8080
