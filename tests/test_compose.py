@@ -61,13 +61,14 @@ def test_the_compose_file_parses_and_runs_every_service_against_a_healthy_nats()
     assert "-js" in nats["command"] and "healthcheck" in nats
     assert any(str(v).endswith(":/data") for v in nats["volumes"])
     assert "./compose.nats.conf:/etc/nats/gpusched.conf:ro" in nats["volumes"]
-    commanded = {name: s["command"] for name, s in services.items() if name != "nats"}
+    commanded = {name: s["command"] for name, s in services.items()
+                 if not name.startswith("nats")}
     run = {cmd[2] for cmd in commanded.values()}
     assert run == {s.value for s in ServiceName}
     for name, command in commanded.items():
         assert command[:2] == ["gpusched", "service"], name
         assert services[name]["depends_on"]["nats"]["condition"] == "service_healthy"
-        assert services[name]["environment"]["NATS_URL"] == "nats://nats:4222"
+        assert interpolate(services[name]["environment"]["NATS_URL"], {}) == "nats://nats:4222"
     agents = [n for n, c in commanded.items() if c[2] == "nodeagent"]
     assert len(agents) == 2
     schedulers = [n for n, c in commanded.items() if c[2] == "scheduler"]
@@ -77,7 +78,7 @@ def test_the_compose_file_parses_and_runs_every_service_against_a_healthy_nats()
 def test_every_service_accepts_the_environment_compose_gives_it():
     services = load("compose.yaml")["services"]
     for name, service in services.items():
-        if name == "nats":
+        if name.startswith("nats"):
             continue
         env = {k: interpolate(v, SECRETS) for k, v in service["environment"].items()}
         kind = service["command"][2]
@@ -134,7 +135,7 @@ def test_every_service_connects_as_its_own_nats_user_of_the_compose_configuratio
     assert set(nats_env) == {natsauth.password_variable(u) for u in users}
     seen = set()
     for name, service in services.items():
-        if name == "nats":
+        if name.startswith("nats"):
             continue
         env = service["environment"]
         user = env["NATS_USER"]
@@ -180,3 +181,24 @@ async def test_the_compose_nats_configuration_admits_each_user_with_its_password
     finally:
         process.terminate()
         await process.wait()
+
+
+def test_the_nats_cluster_profile_joins_three_servers_with_their_own_stores():
+    services = load("compose.yaml")["services"]
+    members = {n: s for n, s in services.items() if "nats-cluster" in s.get("profiles", [])}
+    assert sorted(members) == ["nats-1", "nats-2", "nats-3"]
+    stores = set()
+    for name, member in members.items():
+        command = member["command"]
+        assert command[command.index("--name") + 1] == name
+        assert command[command.index("--cluster_name") + 1] == "gpusched"
+        routes = set(command[command.index("--routes") + 1].split(","))
+        assert routes == {f"nats://{other}:6222" for other in members if other != name}
+        assert member["environment"] == services["nats"]["environment"]
+        assert "./compose.nats.conf:/etc/nats/gpusched.conf:ro" in member["volumes"]
+        stores.add(next(v for v in member["volumes"] if v.endswith(":/data")))
+        assert "healthcheck" in member
+    assert len(stores) == 3
+    env = services["scheduler"]["environment"]
+    assert interpolate(env["NATS_URL"], {}) == "nats://nats:4222"
+    assert interpolate(env["GPUSCHED_NATS_REPLICAS"], {}) == ""

@@ -55,6 +55,11 @@ def register(app: typer.Typer) -> None:
             Path | None, typer.Option(help="Research profiles (default: built-in).")
         ] = None,
         token: Annotated[str | None, typer.Option(help="API token (default: a new one).")] = None,
+        nats_cluster: Annotated[
+            int,
+            typer.Option(help="Embedded NATS servers: 1, or a JetStream cluster of 3 or more "
+                         "keeping every stream and bucket on 3 of them."),
+        ] = 1,
         max_resident_slowdown: Annotated[
             float | None,
             typer.Option(
@@ -77,7 +82,7 @@ def register(app: typer.Typer) -> None:
                 nodes=nodes, gpus_per_node=gpus_per_node, gpu_model=gpu_model, policy=policy,
                 host=host, port=port, jobs_mode=jobs.value, time_scale=time_scale,
                 state_dir=state_dir or up_file().parent, data_dir=data_dir, token=token,
-                max_resident_slowdown=max_resident_slowdown,
+                max_resident_slowdown=max_resident_slowdown, nats_cluster=nats_cluster,
             )
         except ValueError as exc:
             err.print(f"[bold red]error:[/] {exc}")

@@ -10,10 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from nats.js.api import KeyValueConfig, StorageType
+
 from libs.cli.client import up_file
-from libs.common.embedded import NatsServer
+from libs.common.bus import Stores, connection
+from libs.common.embedded import NatsCluster, NatsServer
 from libs.common.natsauth import Credentials, nodeagent_user, write_private
 from services.admission.config import AdmissionConfig
+from services.admission.quota import QUOTA_BUCKET
 from services.admission.service import AdmissionService
 from services.nodeagent.cluster import EmulatedCluster
 from services.predictor.config import PredictorConfig
@@ -36,6 +40,9 @@ class UpConfig:
     #: the embedded server admits only the services, each with its own user and
     #: permissions (docs/security.md); False: anyone reaching its port may do anything
     nats_auth: bool = True
+    #: embedded NATS servers: 1, or a JetStream cluster of 3 (or more) where every
+    #: stream and bucket has 3 replicas and losing one server loses nothing
+    nats_cluster: int = 1
     #: JetStream storage, checkpoints and job logs
     state_dir: Path = field(default_factory=lambda: up_file().parent)
     jobs_mode: Literal["simulated", "process"] = "simulated"
@@ -54,6 +61,10 @@ class UpConfig:
             raise ValueError(f"gpus_per_node: must be >= 1, got {self.gpus_per_node}")
         if self.time_scale <= 0:
             raise ValueError(f"time_scale: must be > 0, got {self.time_scale}")
+        if self.nats_cluster != 1 and self.nats_cluster < 3:
+            raise ValueError(
+                f"nats_cluster: 1 server, or a cluster of 3 or more, got {self.nats_cluster}"
+            )
         problem = resident_cap_problem(self.max_resident_slowdown)
         if problem:
             raise ValueError(f"max_resident_slowdown: {problem}")
@@ -71,6 +82,7 @@ class LocalCluster:
         self.nats_url = config.nats_url or ""
         self.url = ""
         self.nats: NatsServer | None = None
+        self.nats_cluster: NatsCluster | None = None
         self.credentials: Credentials | None = None
         self.scheduler: SchedulerService | None = None
         self.agents: EmulatedCluster | None = None
@@ -91,9 +103,16 @@ class LocalCluster:
             if config.nats_auth:
                 self.credentials = Credentials.generate(node_names(config.nodes))
             users = list(self.credentials.users.values()) if self.credentials else None
-            self.nats = NatsServer(store_dir=config.state_dir / "nats", users=users).start()
-            self._stack.callback(self.nats.close)
-            self.nats_url = self.nats.url
+            store = config.state_dir / "nats"
+            if config.nats_cluster > 1:
+                self.nats_cluster = NatsCluster(store, config.nats_cluster, users=users).start()
+                self._stack.callback(self.nats_cluster.close)
+                self.nats_url = self.nats_cluster.url
+                await self._replicate(min(3, config.nats_cluster))
+            else:
+                self.nats = NatsServer(store_dir=store, users=users).start()
+                self._stack.callback(self.nats.close)
+                self.nats_url = self.nats.url
         url = self.connect_url
         await self._stack.enter_async_context(
             PredictorService(
@@ -139,6 +158,21 @@ class LocalCluster:
             json.dumps({"url": self.url, "token": self.token, "nats_url": url("tap")}),
         )
         self._stack.callback(_forget, path, self.url)
+
+    async def _replicate(self, replicas: int) -> None:
+        """Create every stream and bucket with ``replicas`` copies before any service
+        starts: the services open them as they find them."""
+        async with connection(self.connect_url("scheduler"), "gpusched-up") as nc:
+            stores = await Stores.open(nc, replicas=replicas)
+            await stores.predictor_bucket()
+        async with connection(self.connect_url("admission"), "gpusched-up") as nc:
+            with contextlib.suppress(Exception):  # already there
+                await nc.jetstream(timeout=5).key_value(QUOTA_BUCKET)
+                return
+            await nc.jetstream(timeout=5).create_key_value(
+                KeyValueConfig(bucket=QUOTA_BUCKET, history=1, storage=StorageType.FILE,
+                               replicas=replicas)
+            )
 
     def connect_url(self, user: str) -> str:
         """The NATS URL ``user`` connects with: its name and password in it when the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -155,10 +156,22 @@ async def settle(nc: Client, timeout_s: float = 5.0) -> None:
         await subscription.unsubscribe()
 
 
-async def _stream(js: JetStreamContext, config: StreamConfig) -> None:
+#: the settings of the jobs stream that Stores.open sees to
+_STREAM_SETTINGS = ("subjects", "retention", "storage", "discard", "max_age",
+                    "duplicate_window", "num_replicas")
+
+
+async def _stream(js: JetStreamContext, config: StreamConfig, keep_replicas: bool = False) -> None:
+    """Create the stream, or bring an existing one to ``config``; with ``keep_replicas``
+    an existing stream keeps its replica count (whoever created it chose it)."""
     try:
         await js.add_stream(config)
     except BadRequestError:
+        if keep_replicas:
+            current = (await js.stream_info(config.name or "")).config
+            config = dataclasses.replace(config, num_replicas=current.num_replicas)
+            if all(getattr(current, f) == getattr(config, f) for f in _STREAM_SETTINGS):
+                return
         await js.update_stream(config)
 
 
@@ -234,6 +247,9 @@ class Stores:
         self.lease = lease
         #: the index of unfinished jobs (see ``mark_live``)
         self.live = live
+        #: replicas of the streams and buckets this creates (None: 1, and an existing
+        #: stream keeps its own)
+        self.replicas: int | None = None
 
     async def job_ids(self) -> list[str]:
         """Every stored job, finished or not: grows without bound, so only for tools and
@@ -284,12 +300,23 @@ class Stores:
         """The predictor's bucket, created on first use."""
         return await _bucket(
             self.js,
-            KeyValueConfig(bucket=subjects.PREDICTOR_BUCKET, history=1, storage=StorageType.FILE),
+            KeyValueConfig(bucket=subjects.PREDICTOR_BUCKET, history=1, storage=StorageType.FILE,
+                           replicas=self.replicas or 1),
         )
 
     @classmethod
-    async def open(cls, nc: Client, lease_ttl_s: float = 3.0) -> Stores:
+    async def open(
+        cls, nc: Client, lease_ttl_s: float = 3.0, replicas: int | None = None
+    ) -> Stores:
+        """``replicas``: how many servers of a JetStream cluster hold each stream and
+        bucket this creates, and the jobs stream is moved to; None: ``GPUSCHED_NATS_REPLICAS``
+        when set, else an existing stream keeps its own (1 for a new one), so services
+        need not know it."""
         js = nc.jetstream(timeout=5)
+        configured = os.environ.get("GPUSCHED_NATS_REPLICAS", "").strip()
+        if replicas is None and configured:
+            replicas = int(configured)
+        copies = replicas or 1
         await _stream(
             js,
             StreamConfig(
@@ -300,13 +327,17 @@ class Stores:
                 discard=DiscardPolicy.OLD,
                 max_age=STREAM_MAX_AGE_S,
                 duplicate_window=DUPLICATE_WINDOW_S,
+                num_replicas=copies,
             ),
+            keep_replicas=replicas is None,
         )
         jobs = await _bucket(
-            js, KeyValueConfig(bucket=subjects.JOBS_BUCKET, history=1, storage=StorageType.FILE)
+            js, KeyValueConfig(bucket=subjects.JOBS_BUCKET, history=1, storage=StorageType.FILE,
+                               replicas=copies)
         )
         nodes = await _bucket(
-            js, KeyValueConfig(bucket=subjects.NODES_BUCKET, history=1, storage=StorageType.FILE)
+            js, KeyValueConfig(bucket=subjects.NODES_BUCKET, history=1, storage=StorageType.FILE,
+                               replicas=copies)
         )
         lease = await _bucket(
             js,
@@ -315,9 +346,13 @@ class Stores:
                 history=1,
                 ttl=lease_ttl_s,
                 storage=StorageType.FILE,
+                replicas=copies,
             ),
         )
         live = await _bucket(
-            js, KeyValueConfig(bucket=subjects.LIVE_BUCKET, history=1, storage=StorageType.FILE)
+            js, KeyValueConfig(bucket=subjects.LIVE_BUCKET, history=1, storage=StorageType.FILE,
+                               replicas=copies)
         )
-        return cls(js, jobs, nodes, lease, live)
+        stores = cls(js, jobs, nodes, lease, live)
+        stores.replicas = replicas
+        return stores

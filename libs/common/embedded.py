@@ -11,12 +11,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from libs.common.natsauth import NatsUser, server_authorization, write_private
+from libs.common.natsauth import password as natsauth_password
 
 
 class NatsServerNotFound(RuntimeError):
@@ -56,6 +58,15 @@ class NatsServer:
     port: int = 0
     host: str = "127.0.0.1"
     users: Sequence[NatsUser] | None = None
+    #: a member of a JetStream cluster (see NatsCluster): its route port, the other
+    #: members' route URLs, and the name it is known by in the cluster
+    cluster_port: int = 0
+    routes: Sequence[str] = ()
+    server_name: str = ""
+    #: the password other members present on the route port (user ``route``)
+    route_secret: str = ""
+    #: the monitoring port (``/healthz``), 0 for none
+    http_port: int = 0
     _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
 
@@ -76,11 +87,31 @@ class NatsServer:
             f"listen: {json.dumps(f'{self.host}:{self.port}')}\n"
             f"jetstream {{ store_dir: {json.dumps(str(self.store_dir))} }}\n"
         )
+        if self.server_name:
+            text += f"server_name: {json.dumps(self.server_name)}\n"
+        if self.http_port:
+            text += f"http: {json.dumps(f'{self.host}:{self.http_port}')}\n"
+        if self.cluster_port:
+            text += (
+                "cluster {\n"
+                '  name: "gpusched"\n'
+                f"  listen: {json.dumps(f'{self.host}:{self.cluster_port}')}\n"
+                f"  routes: [{', '.join(json.dumps(r) for r in self.routes)}]\n"
+            )
+            if self.route_secret:
+                secret = json.dumps(self.route_secret)
+                text += f'  authorization {{ user: "route", password: {secret} }}\n'
+            text += "}\n"
         if self.users is not None:
             text += server_authorization(self.users)
         return text
 
     def start(self, timeout_s: float = 10.0) -> NatsServer:
+        self.launch()
+        return self.wait_listening(timeout_s)
+
+    def launch(self) -> None:
+        """Start the process without waiting for it."""
         if self.store_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="gpusched-nats-")
             self.store_dir = Path(self._tmp.name)
@@ -93,6 +124,9 @@ class NatsServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+
+    def wait_listening(self, timeout_s: float = 10.0) -> NatsServer:
+        assert self._process is not None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
@@ -105,6 +139,10 @@ class NatsServer:
         self.stop()
         raise RuntimeError(f"nats-server did not listen on {self.port} within {timeout_s} s")
 
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
     def stop(self) -> None:
         if self._process and self._process.poll() is None:
             self._process.terminate()
@@ -113,6 +151,13 @@ class NatsServer:
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()
+        self._process = None
+
+    def kill(self) -> None:
+        """SIGKILL: the server dies as in a crash, its store stays."""
+        if self._process and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
         self._process = None
 
     def restart(self) -> None:
@@ -131,6 +176,81 @@ class NatsServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass
+class NatsCluster:
+    """``size`` nats-servers joined by cluster routes into one JetStream cluster, each
+    with its own store under ``store_dir/<name>``; ``url`` lists every member, which is
+    how clients are given it (a client moves to another member when one dies)."""
+
+    store_dir: Path
+    size: int = 3
+    host: str = "127.0.0.1"
+    users: Sequence[NatsUser] | None = None
+    servers: list[NatsServer] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return ",".join(server.url for server in self.servers)
+
+    def start(self, timeout_s: float = 30.0) -> NatsCluster:
+        if self.size < 1:
+            raise ValueError(f"size: must be >= 1, got {self.size}")
+        route_ports = [free_port(self.host) for _ in range(self.size)]
+        # a process that reaches a route port must not join the cluster (and read
+        # every message) without this
+        secret = natsauth_password()
+        self.servers = [
+            NatsServer(
+                store_dir=self.store_dir / f"n{i}", port=free_port(self.host),
+                host=self.host, users=self.users, cluster_port=route_ports[i],
+                routes=[f"nats-route://route:{secret}@{self.host}:{p}"
+                        for j, p in enumerate(route_ports) if j != i],
+                server_name=f"n{i}", http_port=free_port(self.host), route_secret=secret,
+            )
+            for i in range(self.size)
+        ]
+        try:
+            for server in self.servers:
+                server.launch()
+            for server in self.servers:
+                server.wait_listening(timeout_s)
+            self.wait_healthy(timeout_s)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def wait_healthy(self, timeout_s: float = 30.0) -> None:
+        """Until every live member reports JetStream healthy (a meta leader elected)."""
+        deadline = time.monotonic() + timeout_s
+        pending = [s for s in self.servers if s.running]
+        while pending:
+            pending = [s for s in pending if not _healthy(s)]
+            if pending and time.monotonic() > deadline:
+                names = ", ".join(s.server_name for s in pending)
+                raise RuntimeError(f"nats cluster not healthy within {timeout_s} s: {names}")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+
+    def __enter__(self) -> NatsCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _healthy(server: NatsServer) -> bool:
+    url = f"http://{server.host}:{server.http_port}/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except (OSError, ValueError):
+        return False
 
 
 async def wait_until(
