@@ -7,11 +7,12 @@ what is queued and awaits it, so no background task outlives its owner.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 import structlog
+
+from libs.common.tasks import cancel_and_wait
 
 M = TypeVar("M")
 
@@ -81,11 +82,7 @@ class Actor(Generic[M]):
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        for timer in list(self._timers):
-            timer.cancel()
-        for timer in list(self._timers):
-            with contextlib.suppress(asyncio.CancelledError):
-                await timer
+        await cancel_and_wait(*self._timers)
         if self._task is not None:
             self._inbox.put_nowait(_STOP)
             await self._task

@@ -29,6 +29,7 @@ from libs.common.schemas import (
     StateChange,
     now,
 )
+from libs.common.tasks import cancel_and_wait
 from libs.core.groundtruth import load_performance_model
 from services.admission import params, problems, quota
 from services.admission.auth import Authenticator
@@ -154,11 +155,7 @@ class AdmissionApi:
                 log.warning("job records not all loaded yet; listings may be incomplete")
             yield
         finally:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_and_wait(*tasks)
             await self.telemetry.stop()
 
     def _job_finished(self, tenant: str, job_id: str) -> None:

@@ -38,7 +38,7 @@ from nats.micro.service import Service
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import generate_latest
 
-from libs.common import codec, subjects
+from libs.common import codec, natsauth, subjects
 from libs.common.bus import Stores, connect, settle
 from libs.common.schemas import (
     SCHEMA_VERSION,
@@ -195,7 +195,7 @@ class PredictorService:
             raise
         log.info(
             "predictor started",
-            nats_url=self.config.nats_url,
+            nats_url=natsauth.redact(self.config.nats_url),
             data_dir=str(self.config.data_dir or "builtin"),
             models=len(self.predictor.models()),
             metrics=self.metrics_url,

@@ -52,6 +52,7 @@ from libs.common.schemas import (
     StopJob,
     split_problem,
 )
+from libs.common.tasks import cancel_and_wait
 from libs.core.decision import Resize, Start
 from libs.core.groundtruth import load_performance_model
 from libs.core.perf import PerformanceModel, UnknownModelError
@@ -1030,9 +1031,7 @@ class SchedulerService:
 
     async def __aexit__(self, *exc: object) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
         await self._stack.aclose()
 
     async def _run(self) -> None:
@@ -1068,9 +1067,7 @@ class SchedulerService:
             consumer = asyncio.create_task(self._consume(scheduler), name="scheduler-consumer")
 
             async def stop_consumer() -> None:
-                consumer.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await consumer
+                await cancel_and_wait(consumer)
 
             stack.push_async_callback(stop_consumer)
             self.scheduler = scheduler
