@@ -26,7 +26,7 @@ from libs.core.decision import Decision, Preempt, Start
 from libs.core.groundtruth import load_performance_model
 from libs.core.placement import FreeGpus
 from libs.core.snapshot import JobView, Snapshot
-from services.scheduler.policies import make_policy, preemptive, sjf_bsbf
+from services.scheduler.policies import make_policy, sjf_bsbf
 from services.scheduler.policies.base import (
     LazyReasons,
     Policy,
@@ -370,14 +370,10 @@ def test_lazy_reasons_read_like_a_dict():
 # - Tiresias keeps its running jobs ranked across decisions.
 
 
-@contextmanager
-def flag(module: object, name: str, value: bool) -> Iterator[None]:
-    saved = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, saved)
+def heap_search_only(policy: Policy) -> SjfBsbf:
+    """``policy`` (an SJF-BSBF) without its short roads: the reference to compare with."""
+    assert isinstance(policy, SjfBsbf)
+    return replace(policy, fast_paths=False)
 
 
 @dataclass(frozen=True)
@@ -447,8 +443,7 @@ def tied_snapshots(draw: st.DrawFn) -> Snapshot:
 @SETTINGS
 @given(snap=st.one_of(shared_snapshots(), tied_snapshots()))
 def test_the_short_roads_pick_what_the_heap_search_picks(benefit_test: bool, snap: Snapshot):
-    with flag(sjf_bsbf, "FAST_PATHS", False):
-        want = SjfBsbf(benefit_test=benefit_test).decide(snap)
+    want = SjfBsbf(benefit_test=benefit_test, fast_paths=False).decide(snap)
     fresh = SjfBsbf(benefit_test=benefit_test)
     got = fresh.decide(snap)
     again = fresh.decide(snap)  # pairings and no-partner memory known the second time
@@ -482,9 +477,10 @@ def test_searching_remembered_jobs_against_new_slots_only_changes_no_outcome(
 ):
     perf = PERF_ACCUM if accum else PERF
     got = outcomes(make_policy(name), rows, nodes, perf)
-    with flag(sjf_bsbf, "FAST_PATHS", False):
-        assert got == outcomes(make_policy(name), rows, nodes, perf)
-        assert got == outcomes(FreshEachTime(lambda: make_policy(name)), rows, nodes, perf)
+    assert got == outcomes(heap_search_only(make_policy(name)), rows, nodes, perf)
+    assert got == outcomes(
+        FreshEachTime(lambda: heap_search_only(make_policy(name))), rows, nodes, perf
+    )
 
 
 @SETTINGS
@@ -513,8 +509,7 @@ def test_running_jobs_ranked_across_decisions_change_no_outcome(rows, nodes: int
             return Tiresias(thresholds_gpu_s=(20.0, 90.0, 400.0), **knobs)  # noqa: B023
 
         got = outcomes(make(), rows, nodes)
-        with flag(preemptive, "KEEP_RUNNING_RANKS", False):
-            assert got == outcomes(make(), rows, nodes), knobs
+        assert got == outcomes(replace(make(), keep_running_ranks=False), rows, nodes), knobs
 
 
 @st.composite
@@ -684,8 +679,7 @@ def test_with_a_resident_slowdown_cap_the_short_roads_pick_what_the_heap_search_
     def make() -> SjfBsbf:
         return SjfBsbf(benefit_test=benefit_test, max_resident_slowdown=cap)
 
-    with flag(sjf_bsbf, "FAST_PATHS", False):
-        want = make().decide(snap)
+    want = replace(make(), fast_paths=False).decide(snap)
     fresh = make()
     got = fresh.decide(snap)
     again = fresh.decide(snap)

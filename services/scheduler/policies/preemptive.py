@@ -35,8 +35,6 @@ from services.scheduler.policies.base import (
 )
 
 RankKey = Callable[[JobView], tuple]
-#: Tiresias keeps its running jobs ranked across decisions (tests turn it off to compare)
-KEEP_RUNNING_RANKS = True
 
 
 _gpus_of = attrgetter("gpus")
@@ -386,6 +384,9 @@ class Tiresias:
     min_wait_s: float = 3_600.0
     name: str = "tiresias"
     preemptive: bool = True
+    #: keep the running jobs ranked across decisions instead of ranking them anew each
+    #: time (the same outcome, faster; off, it is the plain rule to compare against)
+    keep_running_ranks: bool = True
     _shapes: ShapeCache = field(default_factory=ShapeCache, compare=False, repr=False)
     _base_sort: QueueSort = field(init=False, compare=False, repr=False)
     _promote_sort: QueueSort = field(init=False, compare=False, repr=False)
@@ -530,7 +531,7 @@ class Tiresias:
 
     def _rank_running(self, snapshot: Snapshot) -> tuple[list[Ranked], float]:
         """Running jobs in rank order, and the earliest time one of them drops a queue."""
-        if KEEP_RUNNING_RANKS:
+        if self.keep_running_ranks:
             wake = self._ranks.update(snapshot.running, snapshot.now)
             return self._ranks.ranked, wake
         now = snapshot.now

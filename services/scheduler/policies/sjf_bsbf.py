@@ -58,8 +58,6 @@ _TIGHT_SCALE = 1 - 1e-12
 #: kinds of entry on ``SjfBsbf._search_heap``'s heap: at one value a bound comes off
 #: before the slots it stands for
 _GROUP, _PAIRING, _SLOT = 0, 1, 2
-#: take the shorter roads of ``SjfBsbf._search`` (tests turn them off to compare)
-FAST_PATHS = True
 
 
 def resident_cap_problem(cap: object) -> str | None:
@@ -327,6 +325,9 @@ class SjfBsbf:
     #: behind a long resident, which a slowed resident keeps waiting; docs/results.md
     #: measures caps on the Philly trace.
     max_resident_slowdown: float | None = None
+    #: take the shorter roads of ``_search`` (the same outcome, faster; off, every job
+    #: goes through the heap search, the reference to compare against)
+    fast_paths: bool = True
     _pairings: dict[tuple, tuple[Pairing, ...]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -454,7 +455,7 @@ class SjfBsbf:
                 # since: only the slots born since can change the answer
                 if job.gpus == 1:
                     quick = not self._new_slot_pays(job, groups, known[1], snapshot)
-                elif known[5] is not None and FAST_PATHS:
+                elif known[5] is not None and self.fast_paths:
                     counts = dict(known[5])
                     extras = self._window_counts(job, groups, snapshot, known[1]) or {}
                     for k, extra in extras.items():
@@ -563,7 +564,7 @@ class SjfBsbf:
         start to pay (-inf: unknown, search it in full next time); the fifth, for a job
         of several GPUs, how many slots per sub-batch lay in its windows (None: not
         counted)."""
-        if not FAST_PATHS:
+        if not self.fast_paths:
             return (*self._search_heap(job, groups, snapshot), -math.inf, None)
         if job.gpus == 1:
             return (*self._search_one(job, groups, snapshot), None)
@@ -628,7 +629,7 @@ class SjfBsbf:
     ) -> bool:
         """Whether a slot born after epoch ``since`` lies in one of the one-GPU ``job``'s
         benefit windows (or, without the benefit test, fits it at all)."""
-        if job.gpus != 1 or not FAST_PATHS:
+        if job.gpus != 1 or not self.fast_paths:
             return True
         e_alone = job.remaining_s(snapshot.now)
         if e_alone < 1e-9:
