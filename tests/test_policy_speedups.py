@@ -37,7 +37,16 @@ from services.scheduler.policies.base import (
     unschedulable_reason,
 )
 from services.scheduler.policies.preemptive import Srtf, Tiresias
+from services.scheduler.policies.sharing import (
+    Pairing,
+    ShapeTerms,
+    bound_coefficients,
+    pair,
+    shape_terms,
+    t_concurrent,
+)
 from services.scheduler.policies.sjf_bsbf import SjfBsbf
+from services.scheduler.policies.slots import build_groups
 from services.scheduler.simulator import SimConfig, simulate
 from tests.builders import TablePerf, cluster, job, pending, running, snapshot
 
@@ -486,16 +495,16 @@ def test_searching_remembered_jobs_against_new_slots_only_changes_no_outcome(
 @SETTINGS
 @given(snap=shared_snapshots())
 def test_shape_terms_shared_across_groups_pair_as_plain_pairing_does(snap: Snapshot):
-    groups = sjf_bsbf.build_groups(snap)
-    terms: dict[tuple, sjf_bsbf.ShapeTerms] = {}
+    groups = build_groups(snap)
+    terms: dict[tuple, ShapeTerms] = {}
     made: dict = {}
     for j in snap.pending:
         shape = (j.model, j.batch_size, j.gpus)
         if shape not in terms:
-            terms[shape] = sjf_bsbf.shape_terms(j, snap)
+            terms[shape] = shape_terms(j, snap)
         for group in groups:
-            want = sjf_bsbf.pair(j, group, snap)
-            assert sjf_bsbf.pair(j, group, snap, terms[shape], made) == want
+            want = pair(j, group, snap)
+            assert pair(j, group, snap, terms[shape], made) == want
 
 
 @SETTINGS
@@ -589,10 +598,10 @@ SLOW = st.floats(1, 4)
 def test_a_groups_coefficient_bound_lies_below_every_pairings_t_con(
     shapes: list[tuple[float, float, float]], e_a: float, e_b: float
 ):
-    pairings = tuple(sjf_bsbf.Pairing.make(k, *shape) for k, shape in enumerate(shapes, 1))
-    a1, b1, a2 = sjf_bsbf.bound_coefficients(pairings)
+    pairings = tuple(Pairing.make(k, *shape) for k, shape in enumerate(shapes, 1))
+    a1, b1, a2 = bound_coefficients(pairings)
     bound = sjf_bsbf._TIGHT_SCALE * min(a1 * e_a + b1 * e_b, a2 * e_a + 0.5 * e_b)
-    t_cons = [sjf_bsbf.t_concurrent(e_a * p.stretch, e_b, p.x_a, p.x_b) for p in pairings]
+    t_cons = [t_concurrent(e_a * p.stretch, e_b, p.x_a, p.x_b) for p in pairings]
     assert bound <= min(t_cons)
 
 
@@ -639,10 +648,10 @@ def test_slowdown_rows_shared_by_shapes_of_one_per_gpu_batch_pair_as_plain_pairi
 ):
     policy = SjfBsbf()
     policy.decide(snap)
-    groups = {g.key: g for g in sjf_bsbf.build_groups(snap)}
+    groups = {g.key: g for g in build_groups(snap)}
     jobs = {(j.model, j.batch_size, j.gpus): j for j in snap.pending}
     for (shape, key), pairings in policy._pairings.items():
-        assert pairings == sjf_bsbf.pair(jobs[shape], groups[key], snap)
+        assert pairings == pair(jobs[shape], groups[key], snap)
 
 
 OTHER_PERF = TablePerf(
