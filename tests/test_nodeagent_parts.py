@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from libs.common.schemas import GpuTelemetry
-from services.nodeagent.agent import _ranges
+from services.nodeagent.checks import gpu_ranges
 from services.nodeagent.config import NodeAgentConfig, default_node_name
 from services.nodeagent.gpus import (
     DEFAULT_EMULATED_GPUS,
@@ -150,5 +150,5 @@ def test_the_progress_tail_reads_only_complete_new_lines(tmp_path: Path):
 
 
 def test_gpu_index_lists_read_as_ranges():
-    assert _ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
-    assert _ranges([]) == "none"
+    assert gpu_ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
+    assert gpu_ranges([]) == "none"

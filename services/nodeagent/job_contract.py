@@ -1,0 +1,68 @@
+"""What a process run is given: its command, its files and the environment contract.
+
+The variables are named in ``libs.sdk.context`` (what the worker and users' code read);
+on top of them the process inherits only the allow-list of ``runs.run_environment``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from libs.common.schemas import StartJob
+from libs.sdk import context as job_env
+from services.nodeagent.config import NodeAgentConfig
+from services.nodeagent.gpus import GpuInventory
+from services.nodeagent.runs import ProcessPlan, run_environment
+
+
+def process_plan(start: StartJob, config: NodeAgentConfig, inventory: GpuInventory) -> ProcessPlan:
+    spec = start.spec
+    job_dir = config.work_dir / start.job_id
+    checkpoint_dir = job_dir / "ckpt"
+    # the parts of a job across nodes may share a work directory: one name per part
+    part = "" if start.leader else f"-{config.name}"
+    progress_file = job_dir / f"progress-{start.run_id}{part}.jsonl"
+    contract: dict[str, Any] = {
+        job_env.JOB_ID: start.job_id,
+        job_env.RUN_ID: start.run_id,
+        job_env.MODEL: spec.model,
+        job_env.BATCH_SIZE: spec.batch_size,
+        job_env.ACCUM_STEPS: start.accum_steps,
+        job_env.GPUS: ",".join(str(i) for i in start.gpus),
+        job_env.DEVICE: "cpu" if inventory.emulated else "cuda",
+        job_env.TOTAL_ITERATIONS: start.total_iterations,
+        job_env.START_ITERATION: start.resume_iteration,
+        job_env.CHECKPOINT_DIR: checkpoint_dir,
+        job_env.CHECKPOINT_EVERY: spec.checkpoint_every,
+        job_env.PROGRESS_FILE: progress_file,
+        job_env.NODE: config.name,
+        "PYTHONUNBUFFERED": "1",
+    }
+    if start.rendezvous:
+        contract[job_env.RENDEZVOUS] = start.rendezvous
+        contract[job_env.FIRST_RANK] = start.first_rank
+        contract[job_env.WORLD_SIZE] = start.world_size
+    if not inventory.emulated:
+        by_index = {g.index: g.uuid for g in inventory.gpus}
+        contract["CUDA_VISIBLE_DEVICES"] = ",".join(by_index[i] for i in start.gpus)
+    argv = (
+        tuple(spec.command)
+        if spec.command
+        else (sys.executable, "-m", "services.nodeagent.worker")
+    )
+    return ProcessPlan(
+        node=config.name,
+        job_id=start.job_id,
+        run_id=start.run_id,
+        argv=argv,
+        env=run_environment(contract),
+        progress_file=progress_file,
+        log_file=job_dir / f"run-{start.run_id}{part}.log",
+        checkpoint_dir=checkpoint_dir,
+        total_iterations=start.total_iterations,
+        start_iteration=start.resume_iteration,
+        kill_grace_s=config.kill_grace_s,
+        preempt_grace_s=config.preempt_grace_s,
+        poll_s=config.progress_poll_s,
+    )
