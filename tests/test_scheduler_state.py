@@ -137,9 +137,12 @@ def test_the_scheduler_reads_a_resident_slowdown_cap_from_its_environment(monkey
 @pytest.mark.parametrize(
     ("variable", "raw", "expected"),
     [
-        ("GPUSCHED_MAX_RESIDENT_SLOWDOWN", "fast", "GPUSCHED_MAX_RESIDENT_SLOWDOWN: not a number"),
+        (
+            "GPUSCHED_MAX_RESIDENT_SLOWDOWN", "fast",
+            "GPUSCHED_MAX_RESIDENT_SLOWDOWN: expected a number",
+        ),
         ("GPUSCHED_MAX_RESIDENT_SLOWDOWN", "0.9", "max_resident_slowdown"),
-        ("GPUSCHED_TIME_SCALE", "quick", "GPUSCHED_TIME_SCALE: not a number"),
+        ("GPUSCHED_TIME_SCALE", "quick", "GPUSCHED_TIME_SCALE: expected a number"),
     ],
 )
 def test_a_bad_scheduler_setting_is_refused_naming_it(monkeypatch, variable, raw, expected):

@@ -3,20 +3,28 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from libs.common import settings
+from libs.common.settings import Setting
+
+STATE_DIR = Setting("GPUSCHED_STATE_DIR", settings.path())
+XDG_STATE_HOME = Setting("XDG_STATE_HOME", settings.path())
+API_URL = Setting("GPUSCHED_URL", settings.text())
+API_TOKEN = Setting("GPUSCHED_TOKEN", settings.text())
+NATS_URL = Setting("NATS_URL", settings.text())
+
 
 def state_dir() -> Path:
-    explicit = os.environ.get("GPUSCHED_STATE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "gpusched"
+    explicit = STATE_DIR.read()
+    if explicit is not None:
+        return explicit
+    base = XDG_STATE_HOME.read() or Path.home() / ".local" / "state"
+    return base / "gpusched"
 
 
 def up_file() -> Path:
@@ -40,10 +48,10 @@ class Endpoint:
             except (OSError, ValueError):
                 saved = {}
         return cls(
-            url=(url or os.environ.get("GPUSCHED_URL") or saved.get("url")
+            url=(url or API_URL.read() or saved.get("url")
                  or "http://127.0.0.1:8080").rstrip("/"),
-            token=token or os.environ.get("GPUSCHED_TOKEN") or saved.get("token") or "",
-            nats_url=nats_url or os.environ.get("NATS_URL") or saved.get("nats_url")
+            token=token or API_TOKEN.read() or saved.get("token") or "",
+            nats_url=nats_url or NATS_URL.read() or saved.get("nats_url")
             or "nats://127.0.0.1:4222",
         )
 

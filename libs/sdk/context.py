@@ -27,6 +27,9 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Literal
 
+from libs.common import settings
+from libs.common.settings import Setting, SettingError, load
+
 JOB_ID = "GPUSCHED_JOB_ID"
 RUN_ID = "GPUSCHED_RUN_ID"
 MODEL = "GPUSCHED_MODEL"
@@ -71,13 +74,13 @@ Device = Literal["cuda", "cpu"]
 ProgressEvent = Literal["progress", "checkpoint", "done"]
 
 
-class JobEnvironmentError(ValueError):
+class JobEnvironmentError(SettingError):
     """A job variable is missing or invalid; ``variable`` names it."""
 
     def __init__(self, variable: str, problem: str, *, field_name: str | None = None) -> None:
-        subject = variable if field_name is None else f"{field_name} ({variable})"
-        super().__init__(f"{subject} {problem}")
-        self.variable = variable
+        super().__init__(variable, problem)
+        if field_name is not None:
+            self.args = (f"{field_name} ({variable}): {problem}",)
 
 
 def _field_error(field_name: str, variable: str, problem: str) -> JobEnvironmentError:
@@ -135,7 +138,7 @@ class JobContext:
             raise _field_error(
                 "batch_size",
                 BATCH_SIZE,
-                f"= {self.batch_size} must be divisible by accum_steps ({ACCUM_STEPS}) "
+                f"{self.batch_size} is not divisible by accum_steps ({ACCUM_STEPS}) "
                 f"= {self.accum_steps}: each accumulation step takes an equal share",
             )
         if any(gpu < 0 for gpu in self.gpus):
@@ -173,37 +176,26 @@ class JobContext:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> JobContext:
         """Read the job variables; raise :class:`JobEnvironmentError` naming a bad one."""
         env = os.environ if environ is None else environ
-        managed = JOB_ID in env
-        if managed:
-            for name in REQUIRED_UNDER_GPUSCHED:
-                if name not in env:
+        if JOB_ID in env:
+            for name in (n for n in REQUIRED_UNDER_GPUSCHED if n != JOB_ID):
+                if not env.get(name, "").strip():
+                    missing = "empty" if name in env else "not set"
                     raise JobEnvironmentError(
-                        name, f"is not set (required because {JOB_ID} is set)"
+                        name, f"{missing} (required because {JOB_ID} is set)"
                     )
+        try:
+            values = load(ENVIRONMENT, env)
+        except SettingError as exc:
+            raise JobEnvironmentError(exc.variable, exc.problem) from None
+        # unlike the others, a job id that is set but empty is refused, not defaulted
         job_id = env.get(JOB_ID, STANDALONE_JOB_ID).strip()
-        model = env.get(MODEL, "").strip() or None
-        if managed and model is None:
-            raise JobEnvironmentError(MODEL, "is empty; expected a model name")
-        gpus = _gpus(env)
-        default_device: Device = "cuda" if gpus else "cpu"
-        return cls(
-            job_id=job_id,
-            run_id=_integer(env, RUN_ID, 0),
-            model=model,
-            batch_size=_integer(env, BATCH_SIZE, STANDALONE_BATCH_SIZE),
-            accum_steps=_integer(env, ACCUM_STEPS, 1),
-            gpus=gpus,
-            device=_device(env, default_device),
-            total_iterations=_integer(env, TOTAL_ITERATIONS, STANDALONE_TOTAL_ITERATIONS),
-            start_iteration=_integer(env, START_ITERATION, 0),
-            checkpoint_dir=_path(env, CHECKPOINT_DIR)
-            or Path("gpusched-checkpoints") / (job_id or STANDALONE_JOB_ID),
-            checkpoint_every=_integer(env, CHECKPOINT_EVERY, DEFAULT_CHECKPOINT_EVERY),
-            progress_file=_path(env, PROGRESS_FILE),
-            rendezvous=env.get(RENDEZVOUS, "").strip(),
-            first_rank=_integer(env, FIRST_RANK, 0),
-            world_size=_integer(env, WORLD_SIZE, 0),
+        values.setdefault("batch_size", STANDALONE_BATCH_SIZE)
+        values.setdefault("total_iterations", STANDALONE_TOTAL_ITERATIONS)
+        values.setdefault("device", "cuda" if values.get("gpus") else "cpu")
+        values.setdefault(
+            "checkpoint_dir", Path("gpusched-checkpoints") / (job_id or STANDALONE_JOB_ID)
         )
+        return cls(job_id=job_id, **values)
 
     # ------------------------------------------------------------------ derived values
 
@@ -418,52 +410,21 @@ def resident_set_mb() -> float:
 
 # ---------------------------------------------------------------------- parsing
 
-
-def _integer(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
-        if raw is not None and name in REQUIRED_UNDER_GPUSCHED and JOB_ID in env:
-            raise JobEnvironmentError(name, "is empty; expected an integer")
-        return default
-    try:
-        return int(raw.strip())
-    except ValueError:
-        raise JobEnvironmentError(name, f"must be an integer, got {raw!r}") from None
-
-
-def _gpus(env: Mapping[str, str]) -> tuple[int, ...]:
-    raw = env.get(GPUS, "").strip()
-    if not raw:
-        return ()
-    indices: list[int] = []
-    for part in raw.split(","):
-        try:
-            index = int(part.strip())
-        except ValueError:
-            raise JobEnvironmentError(
-                GPUS, f"must be comma-separated GPU indices, got {raw!r}"
-            ) from None
-        if index < 0:
-            raise JobEnvironmentError(GPUS, f"must hold non-negative indices, got {raw!r}")
-        indices.append(index)
-    return tuple(indices)
-
-
-def _device(env: Mapping[str, str], default: Device) -> Device:
-    raw = env.get(DEVICE, "").strip().lower()
-    if not raw:
-        return default
-    if raw == "cuda":
-        return "cuda"
-    if raw == "cpu":
-        return "cpu"
-    raise JobEnvironmentError(DEVICE, f"must be 'cuda' or 'cpu', got {env[DEVICE]!r}")
-
-
-def _path(env: Mapping[str, str], name: str) -> Path | None:
-    raw = env.get(name, "").strip()
-    if raw:
-        return Path(raw)
-    if name in env and name in REQUIRED_UNDER_GPUSCHED and JOB_ID in env:
-        raise JobEnvironmentError(name, "is empty; expected a path")
-    return None
+#: field -> the job variable ``JobContext.from_env`` reads it from (besides the job id);
+#: unset or empty keeps the default of a run by hand
+ENVIRONMENT: dict[str, Setting[Any]] = {
+    "run_id": Setting(RUN_ID, settings.integer()),
+    "model": Setting(MODEL, settings.text()),
+    "batch_size": Setting(BATCH_SIZE, settings.integer()),
+    "accum_steps": Setting(ACCUM_STEPS, settings.integer()),
+    "gpus": Setting(GPUS, settings.integers(low=0)),
+    "device": Setting(DEVICE, settings.one_of("cuda", "cpu")),
+    "total_iterations": Setting(TOTAL_ITERATIONS, settings.integer()),
+    "start_iteration": Setting(START_ITERATION, settings.integer()),
+    "checkpoint_dir": Setting(CHECKPOINT_DIR, settings.path()),
+    "checkpoint_every": Setting(CHECKPOINT_EVERY, settings.integer()),
+    "progress_file": Setting(PROGRESS_FILE, settings.path()),
+    "rendezvous": Setting(RENDEZVOUS, settings.text()),
+    "first_rank": Setting(FIRST_RANK, settings.integer()),
+    "world_size": Setting(WORLD_SIZE, settings.integer()),
+}

@@ -12,6 +12,9 @@ from typing import Any
 
 import yaml
 
+from libs.common import settings
+from libs.common.settings import Setting, load
+
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 DEFAULT_PORT = 8080
 DEFAULT_MAX_BODY_BYTES = 65536
@@ -89,9 +92,9 @@ class AdmissionConfig:
         env = os.environ if environ is None else environ
         tokens: dict[str, str] = {}
         quotas: dict[str, int] = {}
-        tokens_file = env.get("GPUSCHED_TOKENS_FILE", "").strip()
-        if tokens_file:
-            file_tokens, file_quotas = read_tokens_file(Path(tokens_file))
+        tokens_file = TOKENS_FILE.read(env)
+        if tokens_file is not None:
+            file_tokens, file_quotas = read_tokens_file(tokens_file)
             tokens.update(file_tokens)
             quotas.update(file_quotas)
         for token, tenant in _pairs("GPUSCHED_TOKENS", env.get("GPUSCHED_TOKENS", "")):
@@ -102,17 +105,22 @@ class AdmissionConfig:
                 )
             tokens[token] = tenant
         for tenant, raw in _pairs("GPUSCHED_QUOTAS", env.get("GPUSCHED_QUOTAS", "")):
-            quotas[tenant] = _int("GPUSCHED_QUOTAS", raw)
-        data_dir = env.get("GPUSCHED_DATA_DIR", "").strip()
-        return cls(
-            nats_url=env.get("NATS_URL", "").strip() or DEFAULT_NATS_URL,
-            host=env.get("GPUSCHED_HTTP_HOST", "").strip() or "127.0.0.1",
-            port=_env_int(env, "GPUSCHED_HTTP_PORT", DEFAULT_PORT),
-            tokens=tokens,
-            quotas=quotas,
-            max_body_bytes=_env_int(env, "GPUSCHED_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
-            data_dir=Path(data_dir) if data_dir else None,
-        )
+            quotas[tenant] = settings.integer().parse("GPUSCHED_QUOTAS", raw)
+        values: dict[str, Any] = {"nats_url": DEFAULT_NATS_URL, **load(ENVIRONMENT, env)}
+        return cls(tokens=tokens, quotas=quotas, **values)
+
+
+#: field -> the variable ``AdmissionConfig.from_env`` reads it from (tokens and quotas,
+#: which merge a file with two variables, are read by ``from_env`` itself)
+ENVIRONMENT: dict[str, Setting[Any]] = {
+    "nats_url": Setting("NATS_URL", settings.text()),
+    "host": Setting("GPUSCHED_HTTP_HOST", settings.text()),
+    "port": Setting("GPUSCHED_HTTP_PORT", settings.integer()),
+    "max_body_bytes": Setting("GPUSCHED_MAX_BODY_BYTES", settings.integer()),
+    "data_dir": Setting("GPUSCHED_DATA_DIR", settings.path()),
+}
+TOKENS_FILE = Setting("GPUSCHED_TOKENS_FILE", settings.path())
+
 
 def read_tokens_file(path: Path) -> tuple[dict[str, str], dict[str, int]]:
     """``{"tokens": {token: tenant}, "quotas": {tenant: gpus}}`` from a YAML or JSON file
@@ -168,18 +176,6 @@ def _pairs(variable: str, raw: str) -> list[tuple[str, str]]:
             raise ValueError(f"{variable}: expected 'key=value' items separated by commas")
         pairs.append((key.strip(), value.strip()))
     return pairs
-
-
-def _env_int(env: Mapping[str, str], variable: str, default: int) -> int:
-    raw = env.get(variable, "").strip()
-    return _int(variable, raw) if raw else default
-
-
-def _int(variable: str, raw: str) -> int:
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{variable}: must be an integer, got {raw!r}") from None
 
 
 def _check_tenant(where: str, tenant: object) -> None:

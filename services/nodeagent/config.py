@@ -7,10 +7,13 @@ import os
 import re
 import socket
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from libs.common import settings
+from libs.common.settings import Setting, load
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
@@ -149,19 +152,7 @@ class NodeAgentConfig:
     ) -> NodeAgentConfig:
         """Settings from the environment (see ``ENVIRONMENT``); unset or empty variables
         keep the defaults, and ``overrides`` that are not None win over both."""
-        env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for field_name, variable in ENVIRONMENT.items():
-            text = env.get(variable, "").strip()
-            if not text:
-                continue
-            parse, looks_like = _PARSERS.get(field_name, (str, "text"))
-            try:
-                values[field_name] = parse(text)
-            except ValueError:
-                raise ValueError(
-                    f"{variable} (field {field_name}): expected {looks_like}, got {text!r}"
-                ) from None
+        values = load(ENVIRONMENT, environ)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
@@ -181,48 +172,25 @@ def _check_positive(name: str, value: object) -> None:
         raise ValueError(f"{name}: must be a finite number > 0, got {value!r}")
 
 
-#: field -> environment variable read by ``NodeAgentConfig.from_env``
-ENVIRONMENT: dict[str, str] = {
-    "nats_url": "NATS_URL",
-    "name": "GPUSCHED_NODE_NAME",
-    "gpus": "GPUSCHED_NODE_GPUS",
-    "gpu_model": "GPUSCHED_NODE_GPU_MODEL",
-    "gpu_mem_mb": "GPUSCHED_NODE_GPU_MEM_MB",
-    "cpus": "GPUSCHED_NODE_CPUS",
-    "host_mem_gb": "GPUSCHED_NODE_HOST_MEM_GB",
-    "net_gbps": "GPUSCHED_NODE_NET_GBPS",
-    "heartbeat_s": "GPUSCHED_NODEAGENT_HEARTBEAT_S",
-    "telemetry_s": "GPUSCHED_NODEAGENT_TELEMETRY_S",
-    "progress_s": "GPUSCHED_NODEAGENT_PROGRESS_S",
-    "work_dir": "GPUSCHED_WORK_DIR",
-    "jobs_mode": "GPUSCHED_JOBS_MODE",
-    "time_scale": "GPUSCHED_TIME_SCALE",
-    "data_dir": "GPUSCHED_DATA_DIR",
-    "kill_grace_s": "GPUSCHED_NODEAGENT_KILL_GRACE_S",
-    "preempt_grace_s": "GPUSCHED_NODEAGENT_PREEMPT_GRACE_S",
-    "metrics_port": "GPUSCHED_NODEAGENT_METRICS_PORT",
-    "advertise_host": "GPUSCHED_NODEAGENT_HOST",
-}
-
-
-def _path(text: str) -> Path:
-    return Path(text).expanduser()
-
-
-#: how a variable's text becomes a field's value, and what the text should look like
-_PARSERS: dict[str, tuple[Callable[[str], Any], str]] = {
-    "gpus": (int, "an integer"),
-    "gpu_mem_mb": (int, "an integer"),
-    "cpus": (int, "an integer"),
-    "host_mem_gb": (float, "a number"),
-    "net_gbps": (float, "a number"),
-    "heartbeat_s": (float, "a number"),
-    "telemetry_s": (float, "a number"),
-    "progress_s": (float, "a number"),
-    "work_dir": (_path, "a path"),
-    "time_scale": (float, "a number"),
-    "data_dir": (_path, "a path"),
-    "kill_grace_s": (float, "a number"),
-    "preempt_grace_s": (float, "a number"),
-    "metrics_port": (int, "an integer"),
+#: field -> the variable ``NodeAgentConfig.from_env`` reads it from
+ENVIRONMENT: dict[str, Setting[Any]] = {
+    "nats_url": Setting("NATS_URL", settings.text()),
+    "name": Setting("GPUSCHED_NODE_NAME", settings.text()),
+    "gpus": Setting("GPUSCHED_NODE_GPUS", settings.integer()),
+    "gpu_model": Setting("GPUSCHED_NODE_GPU_MODEL", settings.text()),
+    "gpu_mem_mb": Setting("GPUSCHED_NODE_GPU_MEM_MB", settings.integer()),
+    "cpus": Setting("GPUSCHED_NODE_CPUS", settings.integer()),
+    "host_mem_gb": Setting("GPUSCHED_NODE_HOST_MEM_GB", settings.number()),
+    "net_gbps": Setting("GPUSCHED_NODE_NET_GBPS", settings.number()),
+    "heartbeat_s": Setting("GPUSCHED_NODEAGENT_HEARTBEAT_S", settings.number()),
+    "telemetry_s": Setting("GPUSCHED_NODEAGENT_TELEMETRY_S", settings.number()),
+    "progress_s": Setting("GPUSCHED_NODEAGENT_PROGRESS_S", settings.number()),
+    "work_dir": Setting("GPUSCHED_WORK_DIR", settings.path()),
+    "jobs_mode": Setting("GPUSCHED_JOBS_MODE", settings.text()),
+    "time_scale": Setting("GPUSCHED_TIME_SCALE", settings.number()),
+    "data_dir": Setting("GPUSCHED_DATA_DIR", settings.path()),
+    "kill_grace_s": Setting("GPUSCHED_NODEAGENT_KILL_GRACE_S", settings.number()),
+    "preempt_grace_s": Setting("GPUSCHED_NODEAGENT_PREEMPT_GRACE_S", settings.number()),
+    "metrics_port": Setting("GPUSCHED_NODEAGENT_METRICS_PORT", settings.integer()),
+    "advertise_host": Setting("GPUSCHED_NODEAGENT_HOST", settings.text()),
 }

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from libs.common import settings
+from libs.common.settings import Setting, load
 from services.predictor.model import DEFAULT_HISTORY_WEIGHT
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
@@ -61,30 +63,15 @@ class PredictorConfig:
         """NATS_URL, GPUSCHED_DATA_DIR, GPUSCHED_PREDICTOR_HISTORY_WEIGHT,
         GPUSCHED_PREDICTOR_METRICS_PORT, GPUSCHED_PREDICTOR_METRICS_HOST and
         GPUSCHED_PREDICTOR_SAVE_EVERY_S; unset or empty variables keep the defaults."""
-        env = os.environ if environ is None else environ
+        return cls(**load(ENVIRONMENT, environ))
 
-        def get(name: str) -> str | None:
-            value = env.get(name, "").strip()
-            return value or None
 
-        def number(name: str, kind: type[int] | type[float]) -> int | float | None:
-            text = get(name)
-            if text is None:
-                return None
-            try:
-                return kind(text)
-            except ValueError:
-                raise ValueError(f"{name} must be a {kind.__name__}, got {text!r}") from None
-
-        data_dir = get("GPUSCHED_DATA_DIR")
-        weight = number("GPUSCHED_PREDICTOR_HISTORY_WEIGHT", float)
-        port = number("GPUSCHED_PREDICTOR_METRICS_PORT", int)
-        save_every = number("GPUSCHED_PREDICTOR_SAVE_EVERY_S", float)
-        return cls(
-            nats_url=get("NATS_URL") or DEFAULT_NATS_URL,
-            data_dir=Path(data_dir) if data_dir else None,
-            history_weight=DEFAULT_HISTORY_WEIGHT if weight is None else float(weight),
-            metrics_port=None if port is None else int(port),
-            metrics_host=get("GPUSCHED_PREDICTOR_METRICS_HOST") or "0.0.0.0",
-            save_every_s=5.0 if save_every is None else float(save_every),
-        )
+#: field -> the variable ``PredictorConfig.from_env`` reads it from
+ENVIRONMENT: dict[str, Setting[Any]] = {
+    "nats_url": Setting("NATS_URL", settings.text()),
+    "data_dir": Setting("GPUSCHED_DATA_DIR", settings.path()),
+    "history_weight": Setting("GPUSCHED_PREDICTOR_HISTORY_WEIGHT", settings.number()),
+    "metrics_port": Setting("GPUSCHED_PREDICTOR_METRICS_PORT", settings.integer()),
+    "metrics_host": Setting("GPUSCHED_PREDICTOR_METRICS_HOST", settings.text()),
+    "save_every_s": Setting("GPUSCHED_PREDICTOR_SAVE_EVERY_S", settings.number()),
+}

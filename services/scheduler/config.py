@@ -7,7 +7,10 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from libs.common import settings
+from libs.common.settings import Setting, load
 from services.scheduler.policies import POLICIES, UnknownPolicyError
 from services.scheduler.policies.sjf_bsbf import resident_cap_problem
 
@@ -70,23 +73,23 @@ class SchedulerConfig:
             raise ValueError(f"max_resident_slowdown: {problem}")
 
     @classmethod
-    def from_env(cls, **overrides: object) -> SchedulerConfig:
-        env = os.environ
-        values: dict[str, object] = {"nats_url": env.get("NATS_URL", "nats://127.0.0.1:4222")}
-        if "GPUSCHED_POLICY" in env:
-            values["policy"] = env["GPUSCHED_POLICY"]
-        if "GPUSCHED_TIME_SCALE" in env:
-            values["time_scale"] = _number(env, "GPUSCHED_TIME_SCALE")
-        if env.get("GPUSCHED_MAX_RESIDENT_SLOWDOWN"):
-            values["max_resident_slowdown"] = _number(env, "GPUSCHED_MAX_RESIDENT_SLOWDOWN")
-        if env.get("GPUSCHED_DATA_DIR"):
-            values["data_dir"] = Path(env["GPUSCHED_DATA_DIR"])
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, **overrides: object
+    ) -> SchedulerConfig:
+        """Settings from the environment (see ``ENVIRONMENT``); unset or empty variables
+        keep the defaults, and ``overrides`` that are not None win over both."""
+        values: dict[str, Any] = {"nats_url": DEFAULT_NATS_URL, **load(ENVIRONMENT, environ)}
         values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)  # type: ignore[arg-type]
+        return cls(**values)
 
 
-def _number(env: Mapping[str, str], name: str) -> float:
-    try:
-        return float(env[name])
-    except ValueError:
-        raise ValueError(f"{name}: not a number: {env[name]!r}") from None
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+#: field -> the variable ``SchedulerConfig.from_env`` reads it from
+ENVIRONMENT: dict[str, Setting[Any]] = {
+    "nats_url": Setting("NATS_URL", settings.text()),
+    "policy": Setting("GPUSCHED_POLICY", settings.text()),
+    "time_scale": Setting("GPUSCHED_TIME_SCALE", settings.number()),
+    "max_resident_slowdown": Setting("GPUSCHED_MAX_RESIDENT_SLOWDOWN", settings.number()),
+    "data_dir": Setting("GPUSCHED_DATA_DIR", settings.path()),
+}
