@@ -12,13 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libs.core.groundtruth import (
-    DOES_NOT_FIT_SLOWDOWN,
-    NoisyEstimates,
-    ProfilePerformanceModel,
-    load_performance_model,
-)
+from libs.core.estimates import NoisyEstimates
+from libs.core.groundtruth import ProfilePerformanceModel, load_performance_model
 from libs.core.perf import PerformanceModel, UnknownModelError
+from libs.core.profiles.gavel import DOES_NOT_FIT_SLOWDOWN
 
 DATA_DIR = Path(__file__).parents[2] / "shared" / "data"
 PROFILES = DATA_DIR / "profiles"

@@ -34,8 +34,8 @@ from typing import TypeVar
 import msgspec
 
 from libs.common.schemas import JobProgressEvent, Prediction, PredictRequest
-from libs.core.groundtruth import SYNERGY_FAIR_CPUS, SYNERGY_FAIR_MEM_GB
 from libs.core.perf import PerformanceModel, UnknownModelError
+from libs.core.profiles.synergy import SYNERGY_FAIR_CPUS, SYNERGY_FAIR_MEM_GB
 
 __all__ = [
     "DEFAULT_HISTORY_WEIGHT",
