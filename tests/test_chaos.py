@@ -98,7 +98,7 @@ def service(name: str, nats_url: str, tmp: Path, **env: str) -> Process:
         **os.environ, "NATS_URL": nats_url, "GPUSCHED_LOG_LEVEL": "info",
         "PYTHONPATH": str(REPOSITORY), **env,
     }
-    argv = [sys.executable, "-m", "libs.cli.main", "service", name.split(":")[0]]
+    argv = [sys.executable, "-m", "services.cli.main", "service", name.split(":")[0]]
     return Process(name, argv, environment, tmp / f"{name.replace(':', '-')}.log")
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from libs.cli.main import TraceFormat, app
 from libs.core.traces import FORMATS
+from services.cli.main import TraceFormat, app
 from services.scheduler.policies import POLICIES
 from services.scheduler.report import human_duration, summary_json
 from services.scheduler.results import SimResult
@@ -152,7 +152,7 @@ def test_the_gpusched_module_runs_as_a_program_on_synthetic_jobs(tmp_path: Path)
         [
             sys.executable,
             "-m",
-            "libs.cli.main",
+            "services.cli.main",
             "simulate",
             "--synthetic",
             "12",

@@ -12,11 +12,11 @@ import nats
 import pytest
 import yaml
 
-from libs.cli.serve import ServiceName
 from libs.common import natsauth
 from libs.common.bus import connect
 from libs.common.embedded import free_port, server_binary, wait_until
 from services.admission.config import AdmissionConfig
+from services.cli.serve import ServiceName
 from services.nodeagent.config import NodeAgentConfig
 from services.scheduler.config import SchedulerConfig
 

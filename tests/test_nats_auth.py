@@ -20,12 +20,12 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from libs.cli.up import LocalCluster, UpConfig
 from libs.common import codec, natsauth, subjects
 from libs.common.bus import Stores, connect, credentials, settle
 from libs.common.embedded import NatsServer, wait_until
 from libs.common.natsauth import Credentials, nodeagent_user
 from libs.common.schemas import JobSpec, StartJob
+from services.cli.up import LocalCluster, UpConfig
 
 NODES = ("node-0", "node-1")
 #: a request the server drops gets no answer; this is how long a client waits for one

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from libs.cli.main import app
 from libs.core.cluster import MAX_SPEC_GPUS, Cluster, Node
 from libs.core.groundtruth import NoisyEstimates, load_performance_model
 from libs.core.jobs import JobSpec
 from libs.core.perf import PerformanceModel
 from libs.core.traces import TraceError, TraceJob, load_trace, write_native
+from services.cli.main import app
 from services.scheduler.policies import make_policy
 from services.scheduler.runner import InputError, build_cluster, build_models, load_workload
 from services.scheduler.simulator import Simulator, simulate
@@ -229,7 +229,7 @@ def no_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("simulated before checking --out")
 
-    monkeypatch.setattr("libs.cli.main.run_policies", refuse)
+    monkeypatch.setattr("services.cli.main.run_policies", refuse)
 
 
 def test_an_out_path_under_a_regular_file_is_refused_before_simulating(

@@ -13,8 +13,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from libs.cli.client import ApiError, Endpoint, call
 from libs.common import codec, subjects
+from services.cli.client import ApiError, Endpoint, call
 
 UrlOption = Annotated[
     str | None, typer.Option("--url", help="API address (default: GPUSCHED_URL or `up`'s).")

@@ -24,11 +24,11 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from libs.cli.live import register as register_live_commands
-from libs.cli.serve import register as register_service_commands
 from libs.core.perf import UnknownModelError
 from libs.core.traces import TraceError
 from libs.core.workload import parse_mix
+from services.cli.live import register as register_live_commands
+from services.cli.serve import register as register_service_commands
 from services.scheduler.policies import POLICIES, UnknownPolicyError, make_policy
 from services.scheduler.report import output_problem, summary_table, write_outputs
 from services.scheduler.results import SimResult

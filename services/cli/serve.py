@@ -69,9 +69,9 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Start a whole local cluster: nats-server, services and emulated nodes."""
-        from libs.cli.client import up_file
-        from libs.cli.up import LocalCluster, UpConfig
         from libs.common.logging import configure_logging
+        from services.cli.client import up_file
+        from services.cli.up import LocalCluster, UpConfig
         from services.scheduler.policies import UnknownPolicyError
 
         err = Console(stderr=True)

@@ -12,13 +12,13 @@ from typing import Literal
 
 from nats.js.api import KeyValueConfig, StorageType
 
-from libs.cli.client import up_file
 from libs.common.bus import Stores, connection
 from libs.common.embedded import NatsCluster, NatsServer
 from libs.common.natsauth import Credentials, nodeagent_user, write_private
 from services.admission.config import AdmissionConfig
 from services.admission.quota import QUOTA_BUCKET
 from services.admission.service import AdmissionService
+from services.cli.client import up_file
 from services.nodeagent.cluster import EmulatedCluster
 from services.predictor.config import PredictorConfig
 from services.predictor.service import PredictorService
