@@ -6,6 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from libs.core.perf import PerformanceModel
+from libs.core.snapshot import JobView, Snapshot
+
 
 @dataclass(frozen=True, slots=True)
 class Start:
@@ -57,3 +60,207 @@ class Decision:
     @property
     def shared_pairs(self) -> tuple[tuple[str, str], ...]:
         return tuple((s.job_id, other) for s in self.starts for other in s.shares_with)
+
+
+@dataclass(slots=True)
+class _Shape:
+    """What booking a job's GPUs depends on: its current shape and whether it shares."""
+
+    model: str
+    batch_size: int
+    gpus: int
+    allow_sharing: bool
+
+
+@dataclass(slots=True)
+class _Held:
+    gpu_ids: tuple[int, ...]
+    mem_mb: float
+
+
+class _Booking:
+    """The snapshot's GPUs as a decision changes them, action by action, in the order a
+    driver applies it. Only what the decision touches is copied, so checking costs the
+    size of the decision rather than of the cluster."""
+
+    def __init__(self, snapshot: Snapshot, memory: PerformanceModel) -> None:
+        self.snapshot = snapshot
+        self.memory = memory
+        self.load: dict[int, int] = {}
+        self.mem_used: dict[int, float] = {}
+        self.residents: dict[int, list[str]] = {}
+        #: jobs whose state the decision changed: held GPUs, or None once they wait again
+        self.held: dict[str, _Held | None] = {}
+        self.shapes: dict[str, _Shape] = {}
+
+    # ---- what the snapshot says, as changed so far ----------------------------------
+    def view(self, job_id: str) -> JobView | None:
+        try:
+            return self.snapshot.job(job_id)
+        except KeyError:
+            return None
+
+    def is_running(self, job_id: str) -> bool:
+        if job_id in self.held:
+            return self.held[job_id] is not None
+        view = self.view(job_id)
+        return view is not None and view.running
+
+    def is_pending(self, job_id: str) -> bool:
+        if job_id in self.held:
+            return self.held[job_id] is None
+        view = self.view(job_id)
+        return view is not None and not view.running
+
+    def shape(self, job_id: str) -> _Shape:
+        shape = self.shapes.get(job_id)
+        if shape is None:
+            view = self.snapshot.job(job_id)
+            shape = self.shapes[job_id] = _Shape(
+                view.model, view.batch_size, view.gpus, view.allow_sharing
+            )
+        return shape
+
+    def held_by(self, job_id: str) -> _Held:
+        held = self.held.get(job_id)
+        if held is not None:
+            return held
+        view = self.snapshot.job(job_id)
+        per_gpu = view.batch_size / (view.gpus * max(1, view.accum_steps))
+        return _Held(view.gpu_ids, self.memory.gpu_memory_mb(view.model, per_gpu))
+
+    def gpu_residents(self, gpu: int) -> list[str]:
+        """The jobs on a GPU now; read from the snapshot only for a GPU a start would
+        share (the jobs the decision moved are left out: they are added where placed)."""
+        residents = self.residents.get(gpu)
+        if residents is None:
+            residents = self.residents[gpu] = (
+                [
+                    view.job_id
+                    for view in self.snapshot.running
+                    if gpu in view.gpu_ids and view.job_id not in self.held
+                ]
+                if self.gpu_load(gpu)
+                else []
+            )
+        return residents
+
+    def gpu_load(self, gpu: int) -> int:
+        return self.load.get(gpu, self.snapshot.gpu_load[gpu])
+
+    def gpu_mem(self, gpu: int) -> float:
+        return self.mem_used.get(gpu, self.snapshot.gpu_mem_used[gpu])
+
+    # ---- changes --------------------------------------------------------------------
+    def release(self, job_id: str) -> None:
+        held = self.held_by(job_id)
+        for gpu in held.gpu_ids:
+            residents = self.residents.get(gpu)
+            if residents is not None:
+                residents.remove(job_id)
+            load = self.load[gpu] = self.gpu_load(gpu) - 1
+            # an idle GPU holds nothing: no rounding left over from the jobs it held
+            self.mem_used[gpu] = 0.0 if load == 0 else self.gpu_mem(gpu) - held.mem_mb
+        self.held[job_id] = None
+
+    def place(self, job_id: str, gpu_ids: tuple[int, ...], mem_mb: float) -> None:
+        for gpu in gpu_ids:
+            self.gpu_residents(gpu).append(job_id)
+            self.load[gpu] = self.gpu_load(gpu) + 1
+            self.mem_used[gpu] = self.gpu_mem(gpu) + mem_mb
+        self.held[job_id] = _Held(gpu_ids, mem_mb)
+
+    # ---- the actions ----------------------------------------------------------------
+    def preempt(self, preempt: Preempt) -> list[str]:
+        if not self.is_running(preempt.job_id):
+            return [f"preempted {preempt.job_id}, which is not running"]
+        self.release(preempt.job_id)
+        return []
+
+    def resize(self, resize: Resize) -> list[str]:
+        job_id = resize.job_id
+        if not self.is_running(job_id):
+            return [f"resized {job_id}, which is not running"]
+        if resize.batch_size < 1 or not resize.gpu_ids:
+            return [f"resized {job_id} to batch {resize.batch_size} on GPUs {resize.gpu_ids}"]
+        shape = self.shape(job_id)
+        self.release(job_id)
+        self.shapes[job_id] = _Shape(
+            shape.model, resize.batch_size, len(resize.gpu_ids), shape.allow_sharing
+        )
+        return self.start(Start(job_id, resize.gpu_ids, resize.accum_steps))
+
+    def start(self, start: Start) -> list[str]:
+        job_id = start.job_id
+        if not self.is_pending(job_id):
+            return [f"started {job_id}, which is not pending"]
+        shape = self.shape(job_id)
+        problems: list[str] = []
+        gpu_ids = start.gpu_ids
+        if len(set(gpu_ids)) != shape.gpus or len(gpu_ids) != shape.gpus:
+            problems.append(f"gave {job_id} GPUs {gpu_ids}; it needs {shape.gpus} distinct")
+        accum = start.accum_steps
+        mem: float | None = None
+        if accum < 1 or shape.batch_size // shape.gpus // accum < 1:
+            problems.append(f"gave {job_id} accum_steps {accum}")
+        else:
+            mem = self.memory.gpu_memory_mb(
+                shape.model, shape.batch_size / (shape.gpus * accum)
+            )
+        problems.extend(self._gpu_problems(job_id, shape, gpu_ids, mem))
+        if not problems and mem is not None:
+            self.place(job_id, gpu_ids, mem)
+        return problems
+
+    def _gpu_problems(
+        self, job_id: str, shape: _Shape, gpu_ids: tuple[int, ...], mem: float | None
+    ) -> list[str]:
+        snapshot = self.snapshot
+        capacity = snapshot.cluster.gpu_mem_mb
+        problems: list[str] = []
+        for gpu in gpu_ids:
+            if not 0 <= gpu < len(snapshot.gpu_load):
+                problems.append(f"placed {job_id} on unknown GPU {gpu}")
+                continue
+            if self.gpu_load(gpu) >= snapshot.max_jobs_per_gpu:
+                problems.append(f"placed {job_id} on full GPU {gpu}")
+                continue
+            residents = self.gpu_residents(gpu) if self.gpu_load(gpu) else []
+            if residents and not (
+                shape.allow_sharing and all(self.shape(r).allow_sharing for r in residents)
+            ):
+                problems.append(f"shared GPU {gpu} with a job that forbids it")
+                continue
+            if mem is not None and self.gpu_mem(gpu) + mem > capacity[gpu] + MEM_SLACK_MB:
+                problems.append(
+                    f"overcommitted GPU {gpu}: {self.gpu_mem(gpu) + mem:.0f} MiB "
+                    f"> {capacity[gpu]} MiB"
+                )
+        return problems
+
+
+#: memory a GPU may appear to exceed by: float rounding of the per-job sums
+MEM_SLACK_MB = 1e-6
+
+
+def decision_problems(
+    snapshot: Snapshot, decision: Decision, memory: PerformanceModel | None = None
+) -> list[str]:
+    """Why ``decision`` cannot be applied to the cluster ``snapshot`` shows; empty when it
+    can. Actions are taken in the order both drivers apply them (preemptions, resizes,
+    starts), each against the GPUs the earlier ones left, so a preempted job may start
+    again and two starts may not book one GPU beyond ``snapshot.max_jobs_per_gpu``. A
+    resize is a release and a start with the new shape. A job that forbids sharing must
+    be alone on its GPUs, and no GPU may hold more memory than it has, as ``memory``
+    sizes jobs (default: ``snapshot.estimates``; it must be the model the snapshot's
+    ``gpu_mem_used`` was summed with). Problems read as a sentence after the policy's
+    name, e.g. "started j3, which is not pending"."""
+    booking = _Booking(snapshot, memory or snapshot.estimates)
+    problems: list[str] = []
+    for preempt in decision.preemptions:
+        problems.extend(booking.preempt(preempt))
+    for resize in decision.resizes:
+        problems.extend(booking.resize(resize))
+    for start in decision.starts:
+        problems.extend(booking.start(start))
+    return problems

@@ -53,9 +53,10 @@ from libs.common.schemas import (
     split_problem,
 )
 from libs.common.tasks import cancel_and_wait
-from libs.core.decision import Resize, Start
+from libs.core.decision import Decision, Resize, Start, decision_problems
 from libs.core.groundtruth import load_performance_model
 from libs.core.perf import PerformanceModel, UnknownModelError
+from libs.core.snapshot import Snapshot
 from services.predictor.client import PredictorClient, PredictorClientError
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.lease import LeaderLease
@@ -203,6 +204,8 @@ class LiveScheduler(Actor[Message]):
         self.layout: Layout | None = None
         self.round_queued = False
         self.rounds = 0
+        #: decisions not applied because ``decision_problems`` found them broken
+        self.refused_decisions = 0
         self.last_decide_ms = 0.0
         self.wake_at: float | None = None
         self.leading_since = time.time()
@@ -705,6 +708,8 @@ class LiveScheduler(Actor[Message]):
         self.last_decide_ms = (time.perf_counter() - started) * 1000
         self.decide_ms.append(self.last_decide_ms)
         self.rounds += 1
+        if self._refused(snapshot, decision):
+            return
         for preempt in decision.preemptions:
             job = self.jobs.get(preempt.job_id)
             if job is not None and job.phase == Phase.RUNNING:
@@ -736,6 +741,17 @@ class LiveScheduler(Actor[Message]):
                     codec.encode(summary),
                     headers=codec.headers(),
                 )
+
+    def _refused(self, snapshot: Snapshot, decision: Decision) -> bool:
+        """Whether the decision breaks the cluster's limits (a GPU booked twice, memory
+        exceeded, a job in the wrong state): then none of it is applied, since its parts
+        were meant together, and the next round decides afresh."""
+        problems = decision_problems(snapshot, decision)
+        for problem in problems:
+            self.log.error("decision refused", policy=self.policy.name, problem=problem)
+        if problems:
+            self.refused_decisions += 1
+        return bool(problems)
 
     async def _explain(self, job: LiveJob, reason: str) -> None:
         if job.record.pending_reason != reason and not job.record.state.terminal:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from libs.core.cluster import Cluster
-from libs.core.decision import Decision, Resize, Start
+from libs.core.decision import Decision, Resize, Start, decision_problems
 from libs.core.jobs import JobSpec
 from libs.core.perf import PerformanceModel
 from libs.core.snapshot import JobState, JobView, Snapshot
@@ -37,7 +37,8 @@ ITER_EPSILON = 1e-6
 
 
 class PolicyViolation(RuntimeError):
-    """A decision broke a cluster invariant; the run stops rather than hide it."""
+    """A decision broke a cluster invariant (``decision_problems``); the run stops rather
+    than hide it."""
 
 
 @dataclass(frozen=True)
@@ -400,7 +401,12 @@ class Simulator:
         )
 
     def _decide(self, now: float) -> None:
-        decision = self.policy.decide(self._snapshot(now))
+        snapshot = self._snapshot(now)
+        decision = self.policy.decide(snapshot)
+        # the snapshot's memory is summed with the ground truth: check with the same
+        problems = decision_problems(snapshot, decision, self.truth)
+        if problems:
+            raise PolicyViolation("; ".join(f"{self.policy.name} {p}" for p in problems))
         self.decisions += 1
         self.last_decision = decision
         for preempt in decision.preemptions:
@@ -414,9 +420,7 @@ class Simulator:
             self._push(decision.wake_at, WAKE, "", self.wake_version)
 
     def _preempt(self, job_id: str) -> None:
-        job = self.jobs.get(job_id)
-        if job is None or job.state != "running":
-            raise PolicyViolation(f"{self.policy.name} preempted {job_id}, which is not running")
+        job = self.jobs[job_id]
         self._settle(job)
         partners = self._release(job)
         job.state = "pending"
@@ -432,16 +436,7 @@ class Simulator:
     def _resize(self, resize: Resize) -> None:
         """Restart a running job from its checkpoint with a new batch and GPUs: it keeps
         its remaining iterations and pays the restart overhead, as after a preemption."""
-        job = self.jobs.get(resize.job_id)
-        if job is None or job.state != "running":
-            raise PolicyViolation(
-                f"{self.policy.name} resized {resize.job_id}, which is not running"
-            )
-        if resize.batch_size < 1 or not resize.gpu_ids:
-            raise PolicyViolation(
-                f"{self.policy.name} resized {resize.job_id} to batch {resize.batch_size} on "
-                f"GPUs {resize.gpu_ids}"
-            )
+        job = self.jobs[resize.job_id]
         self._settle(job)
         partners = self._release(job)
         spec = replace(job.spec, batch_size=resize.batch_size, gpus=len(resize.gpu_ids))
@@ -458,36 +453,11 @@ class Simulator:
         self._start(Start(resize.job_id, resize.gpu_ids, resize.accum_steps))
 
     def _start(self, start: Start) -> None:
-        job = self.jobs.get(start.job_id)
-        name = self.policy.name
-        if job is None or job.state != "pending":
-            raise PolicyViolation(f"{name} started {start.job_id}, which is not pending")
+        job = self.jobs[start.job_id]
         spec = job.spec
-        if len(set(start.gpu_ids)) != spec.gpus or len(start.gpu_ids) != spec.gpus:
-            raise PolicyViolation(
-                f"{name} gave {spec.job_id} GPUs {start.gpu_ids}; it needs {spec.gpus} distinct"
-            )
-        if start.accum_steps < 1 or spec.batch_size // spec.gpus // start.accum_steps < 1:
-            raise PolicyViolation(f"{name} gave {spec.job_id} accum_steps {start.accum_steps}")
         mem = self.truth.gpu_memory_mb(
             spec.model, spec.batch_size / (spec.gpus * start.accum_steps)
         )
-        gpu_mem = self.cluster.gpu_mem_mb
-        for gpu in start.gpu_ids:
-            if not 0 <= gpu < len(self.gpu_load):
-                raise PolicyViolation(f"{name} placed {spec.job_id} on unknown GPU {gpu}")
-            residents = self.gpu_residents[gpu]
-            if len(residents) >= self.config.max_jobs_per_gpu:
-                raise PolicyViolation(f"{name} placed {spec.job_id} on full GPU {gpu}")
-            if residents and not (
-                spec.allow_sharing and all(r.spec.allow_sharing for r in residents)
-            ):
-                raise PolicyViolation(f"{name} shared GPU {gpu} with a job that forbids it")
-            if self.gpu_mem_used[gpu] + mem > gpu_mem[gpu] + 1e-6:
-                raise PolicyViolation(
-                    f"{name} overcommitted GPU {gpu}: {self.gpu_mem_used[gpu] + mem:.0f} MiB "
-                    f"> {gpu_mem[gpu]} MiB"
-                )
         view = self.pending.pop(spec.job_id)
         self.queue.remove(view)
         for queue in self.extra_queues:
