@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from libs.core.cluster import Cluster, Node
 from libs.core.jobs import JobSpec
 from libs.core.perf import UnknownModelError
+from libs.core.shape import JobShape
 from libs.core.snapshot import JobState, JobView, Snapshot
 
 
@@ -47,18 +48,8 @@ class TablePerf:
             * accum_steps**self.accum_exponent
         )
 
-    def colocation_slowdown(
-        self,
-        model: str,
-        batch_size: int,
-        gpus: int,
-        accum_steps: int,
-        partner: str,
-        partner_batch_size: int,
-        partner_gpus: int,
-        partner_accum_steps: int,
-    ) -> float:
-        return self.slowdown.get((model, partner), self.default_slowdown)
+    def colocation_slowdown(self, shape: JobShape, partner: JobShape) -> float:
+        return self.slowdown.get((shape.model, partner.model), self.default_slowdown)
 
     def gpu_memory_mb(self, model: str, per_gpu_batch: float) -> float:
         return self.mem_mb.get(model, 1000.0) * (per_gpu_batch / self.ref_batch) ** 0.5

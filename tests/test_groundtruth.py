@@ -16,6 +16,7 @@ from libs.core.estimates import NoisyEstimates
 from libs.core.groundtruth import ProfilePerformanceModel, load_performance_model
 from libs.core.perf import PerformanceModel, UnknownModelError
 from libs.core.profiles.gavel import DOES_NOT_FIT_SLOWDOWN
+from libs.core.shape import JobShape
 
 DATA_DIR = Path(__file__).parents[2] / "shared" / "data"
 PROFILES = DATA_DIR / "profiles"
@@ -157,7 +158,8 @@ def test_a_colocated_job_is_never_faster_and_never_infinitely_slow(
     partner_accum: int,
 ) -> None:
     slowdown = perf.colocation_slowdown(
-        model, batch, gpus, accum, partner, partner_batch, partner_gpus, partner_accum
+        JobShape(model, batch, gpus, accum),
+        JobShape(partner, partner_batch, partner_gpus, partner_accum),
     )
     assert slowdown >= 1.0
     assert math.isfinite(slowdown)
@@ -248,10 +250,15 @@ def test_gavel_slowdown_is_the_ratio_of_measured_throughputs(
 ) -> None:
     row = _gavel_v100()["('ResNet-18 (batch size 32)', 1)"]
     alone, own = row["null"], row["('A3C', 1)"][0]
-    slowdown = data_model.colocation_slowdown("resnet18", 32, 1, 1, "a2c", 80, 1, 1)
+    slowdown = data_model.colocation_slowdown(
+        JobShape("resnet18", 32, 1, 1), JobShape("a2c", 80, 1, 1)
+    )
     assert slowdown == pytest.approx(max(1.0, alone / own))
     # the per-GPU sub-batch picks the Gavel batch size: 128 over 4 GPUs is 32 per GPU
-    assert data_model.colocation_slowdown("resnet18", 128, 4, 1, "a2c", 80, 1, 1) == slowdown
+    assert (
+        data_model.colocation_slowdown(JobShape("resnet18", 128, 4, 1), JobShape("a2c", 80, 1, 1))
+        == slowdown
+    )
 
 
 def test_a_pair_gavel_could_not_fit_together_gets_a_large_finite_slowdown(
@@ -259,7 +266,9 @@ def test_a_pair_gavel_could_not_fit_together_gets_a_large_finite_slowdown(
 ) -> None:
     own = _gavel_v100()["('ResNet-50 (batch size 128)', 1)"]["('A3C', 1)"][0]
     assert own == 0.0
-    slowdown = data_model.colocation_slowdown("resnet50", 128, 1, 1, "dqn", 32, 1, 1)
+    slowdown = data_model.colocation_slowdown(
+        JobShape("resnet50", 128, 1, 1), JobShape("dqn", 32, 1, 1)
+    )
     assert slowdown == DOES_NOT_FIT_SLOWDOWN
 
 
@@ -287,7 +296,9 @@ def test_an_unknown_model_error_lists_the_known_models() -> None:
         lambda: BUILTIN.default_batch_size("alexnet9"),
         lambda: BUILTIN.gpu_memory_mb("alexnet9", 32),
         lambda: BUILTIN.cpu_mem_speedup("alexnet9", 1, 3, 62.5),
-        lambda: BUILTIN.colocation_slowdown("resnet18", 32, 1, 1, "alexnet9", 32, 1, 1),
+        lambda: BUILTIN.colocation_slowdown(
+            JobShape("resnet18", 32, 1, 1), JobShape("alexnet9", 32, 1, 1)
+        ),
     ]
     for call in calls:
         with pytest.raises(UnknownModelError) as caught:
@@ -342,9 +353,8 @@ def test_missing_research_files_keep_the_builtin_values(tmp_path: Path) -> None:
     partial = ProfilePerformanceModel.from_data_dir(tmp_path)
     for model in MODELS:
         assert partial.iteration_time(model, 64, 2, 1) == BUILTIN.iteration_time(model, 64, 2, 1)
-        assert partial.colocation_slowdown(model, 32, 1, 1, "bert", 32, 1, 1) == (
-            BUILTIN.colocation_slowdown(model, 32, 1, 1, "bert", 32, 1, 1)
-        )
+        shape, bert = JobShape(model, 32, 1, 1), JobShape("bert", 32, 1, 1)
+        assert partial.colocation_slowdown(shape, bert) == BUILTIN.colocation_slowdown(shape, bert)
 
 
 def test_a_data_directory_that_does_not_exist_is_an_error(tmp_path: Path) -> None:
@@ -384,7 +394,7 @@ def test_noisy_estimates_keep_the_contract(model: str, batch: int, gpus: int, ac
 
 
 def test_a_repeated_call_is_answered_from_the_cache(perf: ProfilePerformanceModel) -> None:
-    first = perf.colocation_slowdown("bert", 64, 8, 2, "resnet18", 128, 1, 1)
+    first = perf.colocation_slowdown(JobShape("bert", 64, 8, 2), JobShape("resnet18", 128, 1, 1))
     cached = len(perf._slow_cache)
-    again = perf.colocation_slowdown("bert", 64, 8, 2, "resnet18", 128, 1, 1)
+    again = perf.colocation_slowdown(JobShape("bert", 64, 8, 2), JobShape("resnet18", 128, 1, 1))
     assert again == first and len(perf._slow_cache) == cached

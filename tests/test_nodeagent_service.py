@@ -27,6 +27,7 @@ from libs.common.schemas import (
     StopJob,
 )
 from libs.core.groundtruth import ProfilePerformanceModel
+from libs.core.shape import JobShape
 from services.nodeagent.agent import AgentSnapshot, NodeAgent
 from services.nodeagent.cluster import EmulatedCluster
 from services.nodeagent.config import NodeAgentConfig
@@ -249,9 +250,11 @@ async def test_a_colocated_simulated_job_runs_slower_by_the_ground_truth_slowdow
 ):
     progress = await listen(nc, "gpusched.job.*.progress", JobProgressEvent)
     alone = TRUTH.iteration_time("resnet50", 64, 1, 1)
-    slowdown = TRUTH.colocation_slowdown("resnet50", 64, 1, 1, "bert", 32, 1, 1)
+    slowdown = TRUTH.colocation_slowdown(JobShape("resnet50", 64, 1, 1), JobShape("bert", 32, 1, 1))
     bert_alone = TRUTH.iteration_time("bert", 32, 1, 1)
-    bert_slowdown = TRUTH.colocation_slowdown("bert", 32, 1, 1, "resnet50", 64, 1, 1)
+    bert_slowdown = TRUTH.colocation_slowdown(
+        JobShape("bert", 32, 1, 1), JobShape("resnet50", 64, 1, 1)
+    )
     assert slowdown > 1.0
 
     def measured(job: str, value: float, co_runners: list[str]) -> bool:

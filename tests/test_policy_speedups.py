@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from libs.core.decision import Decision, Preempt, Start
 from libs.core.groundtruth import load_performance_model
 from libs.core.placement import FreeGpus
+from libs.core.shape import JobShape
 from libs.core.snapshot import JobView, Snapshot
 from services.scheduler.policies import make_policy, sjf_bsbf
 from services.scheduler.policies.base import (
@@ -390,20 +391,10 @@ class AccumPerf(TablePerf):
     """Slowdowns that fall as a job splits its batch into more sub-batches, so one job
     shape has several sub-batches worth trying beside one resident."""
 
-    def colocation_slowdown(
-        self,
-        model: str,
-        batch_size: int,
-        gpus: int,
-        accum_steps: int,
-        partner: str,
-        partner_batch_size: int,
-        partner_gpus: int,
-        partner_accum_steps: int,
-    ) -> float:
-        base = self.slowdown.get((model, partner), self.default_slowdown)
-        own = {1: 1.0, 2: 0.7, 4: 0.55, 8: 0.5, 16: 0.5}[accum_steps]
-        other = {1: 1.0, 2: 0.95, 4: 0.9, 8: 0.9, 16: 0.9}[partner_accum_steps]
+    def colocation_slowdown(self, shape: JobShape, partner: JobShape) -> float:
+        base = self.slowdown.get((shape.model, partner.model), self.default_slowdown)
+        own = {1: 1.0, 2: 0.7, 4: 0.55, 8: 0.5, 16: 0.5}[shape.accum_steps]
+        other = {1: 1.0, 2: 0.95, 4: 0.9, 8: 0.9, 16: 0.9}[partner.accum_steps]
         return max(1.0, base * own * (2 - other))
 
 
@@ -704,7 +695,7 @@ def test_with_a_resident_slowdown_cap_the_short_roads_pick_what_the_heap_search_
         for partner in start.shares_with:
             b = views[partner]
             slowdown = snap.estimates.colocation_slowdown(
-                b.model, b.batch_size, b.gpus, b.accum_steps,
-                a.model, a.batch_size, a.gpus, start.accum_steps,
-            )  # fmt: skip
+                JobShape(b.model, b.batch_size, b.gpus, b.accum_steps),
+                JobShape(a.model, a.batch_size, a.gpus, start.accum_steps),
+            )
             assert slowdown <= cap

@@ -27,6 +27,7 @@ from libs.common.schemas import (
     Progress,
 )
 from libs.core.groundtruth import ProfilePerformanceModel
+from libs.core.shape import JobShape
 from services.predictor.client import (
     PredictorClient,
     PredictorError,
@@ -155,7 +156,7 @@ async def test_slowdown_is_at_least_one_and_learns_from_a_co_located_job(
 ):
     request = PredictRequest(model="resnet50", batch_size=64, partner="bert", partner_batch_size=32)
     before = await client.slowdown(request)
-    profiled = TRUTH.colocation_slowdown("resnet50", 64, 1, 1, "bert", 32, 1, 1)
+    profiled = TRUTH.colocation_slowdown(JobShape("resnet50", 64, 1, 1), JobShape("bert", 32, 1, 1))
     assert before.value == pytest.approx(profiled) and before.value >= 1
     assert before.source == "profile"
 

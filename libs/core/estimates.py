@@ -7,6 +7,7 @@ import math
 import random
 
 from libs.core.perf import PerformanceModel
+from libs.core.shape import JobShape
 
 #: |log| of the largest factor `NoisyEstimates` applies (e^100, about 2.7e43)
 MAX_LOG_FACTOR = 100.0
@@ -58,27 +59,8 @@ class NoisyEstimates:
         exact = self._base.iteration_time(model, batch_size, gpus, nodes, accum_steps)
         return exact * self.factor(model)
 
-    def colocation_slowdown(
-        self,
-        model: str,
-        batch_size: int,
-        gpus: int,
-        accum_steps: int,
-        partner: str,
-        partner_batch_size: int,
-        partner_gpus: int,
-        partner_accum_steps: int,
-    ) -> float:
-        return self._base.colocation_slowdown(
-            model,
-            batch_size,
-            gpus,
-            accum_steps,
-            partner,
-            partner_batch_size,
-            partner_gpus,
-            partner_accum_steps,
-        )
+    def colocation_slowdown(self, shape: JobShape, partner: JobShape) -> float:
+        return self._base.colocation_slowdown(shape, partner)
 
     def gpu_memory_mb(self, model: str, per_gpu_batch: float) -> float:
         return self._base.gpu_memory_mb(model, per_gpu_batch)

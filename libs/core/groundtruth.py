@@ -33,6 +33,7 @@ from libs.core.profiles.builtin import ModelProfile, Network, load_builtin
 from libs.core.profiles.gavel import GAVEL_GPU, GavelTable, read_gavel
 from libs.core.profiles.pollux import MIN_COMPUTE_S, PolluxProfile, read_pollux_model
 from libs.core.profiles.synergy import SynergyData, read_synergy
+from libs.core.shape import JobShape
 
 #: what other modules have long imported from here
 __all__ = ["NoisyEstimates", "ProfilePerformanceModel", "load_performance_model"]
@@ -79,7 +80,7 @@ class ProfilePerformanceModel:
         self._gavel = gavel
         self._synergy = synergy
         self._iter_cache: dict[tuple[str, int, int, int, int], float] = {}
-        self._slow_cache: dict[tuple[str, int, int, int, str, int, int, int], float] = {}
+        self._slow_cache: dict[tuple[JobShape, JobShape], float] = {}
         self._mem_cache: dict[tuple[str, float], float] = {}
         self._speed_cache: dict[tuple[str, int, float, float], float] = {}
 
@@ -203,43 +204,24 @@ class ProfilePerformanceModel:
 
     # ----------------------------------------------------------------- co-location
 
-    def colocation_slowdown(
-        self,
-        model: str,
-        batch_size: int,
-        gpus: int,
-        accum_steps: int,
-        partner: str,
-        partner_batch_size: int,
-        partner_gpus: int,
-        partner_accum_steps: int,
-    ) -> float:
-        key = (
-            model,
-            batch_size,
-            gpus,
-            accum_steps,
-            partner,
-            partner_batch_size,
-            partner_gpus,
-            partner_accum_steps,
-        )
+    def colocation_slowdown(self, shape: JobShape, partner: JobShape) -> float:
+        key = (shape, partner)
         try:
             return self._slow_cache[key]
         except KeyError:
             pass
-        own, other = self.profile(model), self.profile(partner)
+        own, other = self.profile(shape.model), self.profile(partner.model)
         _check_positive(
-            batch_size=batch_size,
-            gpus=gpus,
-            accum_steps=accum_steps,
-            partner_batch_size=partner_batch_size,
-            partner_gpus=partner_gpus,
-            partner_accum_steps=partner_accum_steps,
+            batch_size=shape.batch_size,
+            gpus=shape.gpus,
+            accum_steps=shape.accum_steps,
+            partner_batch_size=partner.batch_size,
+            partner_gpus=partner.gpus,
+            partner_accum_steps=partner.accum_steps,
         )
         # what shares a GPU is one worker's sub-batch, whatever the job's size
-        own_sub = batch_size / (gpus * accum_steps)
-        other_sub = partner_batch_size / (partner_gpus * partner_accum_steps)
+        own_sub = shape.batch_size / (shape.gpus * shape.accum_steps)
+        other_sub = partner.batch_size / (partner.gpus * partner.accum_steps)
         value = self._gavel_slowdown(own, own_sub, other, other_sub)
         if value is None:
             value = self._analytic_slowdown(own, own_sub, other, other_sub)

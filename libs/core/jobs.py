@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from libs.core.shape import JobShape
+
 
 @dataclass(frozen=True, slots=True)
 class JobSpec:
@@ -41,3 +43,7 @@ class JobSpec:
             )
         if self.submit_time < 0:
             raise ValueError(f"job {self.job_id}: submit_time must be >= 0")
+
+    def shape(self, accum_steps: int = 1) -> JobShape:
+        """This job's shape with each GPU's batch split into ``accum_steps`` sub-batches."""
+        return JobShape(self.model, self.batch_size, self.gpus, accum_steps)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from libs.core.shape import JobShape
+
 
 class UnknownModelError(KeyError):
     """A model name the performance model has no profile for."""
@@ -50,18 +52,9 @@ class PerformanceModel(Protocol):
         """
         ...
 
-    def colocation_slowdown(
-        self,
-        model: str,
-        batch_size: int,
-        gpus: int,
-        accum_steps: int,
-        partner: str,
-        partner_batch_size: int,
-        partner_gpus: int,
-        partner_accum_steps: int,
-    ) -> float:
-        """Co-located iteration time / exclusive iteration time for ``model`` (>= 1).
+    def colocation_slowdown(self, shape: JobShape, partner: JobShape) -> float:
+        """Co-located iteration time / exclusive iteration time of a job of ``shape``
+        beside one of ``partner`` (>= 1).
 
         What shares a GPU is one worker of each job, so the value may depend on the two
         models and on each one's per-GPU batch and accumulation steps (its sub-batch),

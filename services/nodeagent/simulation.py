@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from libs.core.groundtruth import ProfilePerformanceModel
+from libs.core.shape import JobShape
 from services.nodeagent.residents import Run, sharing
 from services.nodeagent.runs import SimulatedProgress
 
@@ -70,8 +71,8 @@ class SimulatedClocks:
             worst = max(
                 worst,
                 self.truth.colocation_slowdown(
-                    spec.model, spec.batch_size, spec.gpus, run.start.accum_steps,
-                    o.model, o.batch_size, o.gpus, other.start.accum_steps,
+                    JobShape(spec.model, spec.batch_size, spec.gpus, run.start.accum_steps),
+                    JobShape(o.model, o.batch_size, o.gpus, other.start.accum_steps),
                 ),
             )
         return worst

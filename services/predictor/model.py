@@ -36,6 +36,7 @@ import msgspec
 from libs.common.schemas import JobProgressEvent, Prediction, PredictRequest
 from libs.core.perf import PerformanceModel, UnknownModelError
 from libs.core.profiles.synergy import SYNERGY_FAIR_CPUS, SYNERGY_FAIR_MEM_GB
+from libs.core.shape import JobShape
 
 __all__ = [
     "DEFAULT_HISTORY_WEIGHT",
@@ -201,8 +202,8 @@ class BaselinePredictor:
             raise InvalidRequest("partner", "a slowdown prediction needs the partner's model")
         partner_batch = req.partner_batch_size or self.performance.default_batch_size(req.partner)
         profiled = self.performance.colocation_slowdown(
-            req.model, req.batch_size, req.gpus, req.accum_steps,
-            req.partner, partner_batch, req.partner_gpus, req.partner_accum_steps,
+            JobShape(req.model, req.batch_size, req.gpus, req.accum_steps),
+            JobShape(req.partner, partner_batch, req.partner_gpus, req.partner_accum_steps),
         )
         correction = self._pairs.get(
             (req.model, req.batch_size, req.gpus, req.partner, partner_batch, req.partner_gpus)
@@ -253,8 +254,8 @@ class BaselinePredictor:
             return False
         exclusive_s = profiled_s * self._solo_factor(event.model, event.batch_size, event.gpus)
         profiled_slowdown = self.performance.colocation_slowdown(
-            event.model, event.batch_size, event.gpus, event.accum_steps,
-            partner.model, partner.batch_size, partner.gpus, partner.accum_steps,
+            JobShape(event.model, event.batch_size, event.gpus, event.accum_steps),
+            JobShape(partner.model, partner.batch_size, partner.gpus, partner.accum_steps),
         )
         key = (
             event.model, event.batch_size, event.gpus,

@@ -316,16 +316,7 @@ class Simulator:
                     o = other.spec
                     slowdown = max(
                         slowdown,
-                        truth.colocation_slowdown(
-                            spec.model,
-                            spec.batch_size,
-                            spec.gpus,
-                            job.accum,
-                            o.model,
-                            o.batch_size,
-                            o.gpus,
-                            other.accum,
-                        ),
+                        truth.colocation_slowdown(spec.shape(job.accum), o.shape(other.accum)),
                     )
         job.iter_time = alone * slowdown
         job.version += 1

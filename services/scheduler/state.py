@@ -14,6 +14,7 @@ from typing import Any
 from libs.common.schemas import JobRecord, NodeInfo, Placement
 from libs.core.cluster import Cluster, Node
 from libs.core.perf import PerformanceModel
+from libs.core.shape import JobShape
 from libs.core.snapshot import JobState as ViewState
 from libs.core.snapshot import JobView, Snapshot
 from services.scheduler.policies.base import Policy
@@ -39,21 +40,8 @@ class ScaledModel:
             self.time_scale
         )
 
-    def colocation_slowdown(
-        self,
-        model: str,
-        batch_size: int,
-        gpus: int,
-        accum_steps: int,
-        partner: str,
-        partner_batch_size: int,
-        partner_gpus: int,
-        partner_accum_steps: int,
-    ) -> float:
-        return self.inner.colocation_slowdown(
-            model, batch_size, gpus, accum_steps,
-            partner, partner_batch_size, partner_gpus, partner_accum_steps,
-        )
+    def colocation_slowdown(self, shape: JobShape, partner: JobShape) -> float:
+        return self.inner.colocation_slowdown(shape, partner)
 
     def gpu_memory_mb(self, model: str, per_gpu_batch: float) -> float:
         return self.inner.gpu_memory_mb(model, per_gpu_batch)

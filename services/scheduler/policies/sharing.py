@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from libs.core.shape import JobShape
 from libs.core.snapshot import JobView, Snapshot
 from services.scheduler.policies.base import accum_choices
 
@@ -136,20 +137,15 @@ def slowdown_row(
     of the model with the same per-GPU batch."""
     slowdown = snapshot.estimates.colocation_slowdown
     b = group.resident
-    model, batch, gpus = job.model, job.batch_size, job.gpus
-    b_model, b_batch, b_gpus, b_accum = b.model, b.batch_size, b.gpus, b.accum_steps
+    resident = JobShape(b.model, b.batch_size, b.gpus, b.accum_steps)
     used, capacity = group.mem_used_mb, group.gpu_mem_mb
     row: list[tuple[float, float] | None] = []
     for k, mem, _ in terms:
         if not mem + used <= capacity:
             row.append(None)
             continue
-        row.append(
-            (
-                slowdown(model, batch, gpus, k, b_model, b_batch, b_gpus, b_accum),
-                slowdown(b_model, b_batch, b_gpus, b_accum, model, batch, gpus, k),
-            )
-        )
+        shape = JobShape(job.model, job.batch_size, job.gpus, k)
+        row.append((slowdown(shape, resident), slowdown(resident, shape)))
     return tuple(row)
 
 
