@@ -1,13 +1,24 @@
-"""The node agent's parts without NATS: settings, GPUs, the simulated clock, the
-progress file."""
+"""The node agent's parts without NATS: settings, the command types, GPUs, the
+simulated clock, the progress file."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
 
-from libs.common.schemas import GpuTelemetry
+from libs.common import codec
+from libs.common.schemas import (
+    Command,
+    GpuTelemetry,
+    JobSpec,
+    ResizeJob,
+    StartJob,
+    StopJob,
+)
 from services.nodeagent.checks import gpu_ranges
 from services.nodeagent.config import NodeAgentConfig, default_node_name
 from services.nodeagent.gpus import (
@@ -152,3 +163,65 @@ def test_the_progress_tail_reads_only_complete_new_lines(tmp_path: Path):
 def test_gpu_index_lists_read_as_ranges():
     assert gpu_ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
     assert gpu_ranges([]) == "none"
+
+
+# ---- command types --------------------------------------------------------------------
+
+SPEC = JobSpec(name="j", model="resnet50", batch_size=64, iterations=100)
+VALID: list[Command] = [
+    StartJob(job_id="j", run_id=1, spec=SPEC, total_iterations=100, gpus=[0, 1]),
+    StopJob(job_id="j", run_id=1, reason="preempt"),
+    ResizeJob(job_id="j", run_id=1, new_run_id=2, gpus=[0], batch_size=64),
+]
+#: one field broken at a time, and where the error says it is
+BROKEN: list[tuple[dict[str, Any], str]] = [
+    ({"job_id": "a.b"}, "$.job_id"),
+    ({"job_id": ""}, "$.job_id"),
+    ({"run_id": 0}, "$.run_id"),
+    ({"gpus": []}, "$.gpus"),
+    ({"gpus": [0, -1]}, "$.gpus[1]"),
+    ({"accum_steps": 0}, "$.accum_steps"),
+    ({"co_runners": ["x.y"]}, "$.co_runners[0]"),
+]
+START_ONLY: list[tuple[dict[str, Any], str]] = [
+    ({"total_iterations": 0}, "$.total_iterations"),
+    ({"resume_iteration": -1}, "$.resume_iteration"),
+    ({"nodes": 0}, "$.nodes"),
+    ({"emulated_iteration_s": 0.0}, "$.emulated_iteration_s"),
+    ({"first_rank": -1}, "$.first_rank"),
+]
+RESIZE_ONLY: list[tuple[dict[str, Any], str]] = [
+    ({"new_run_id": 0}, "$.new_run_id"),
+    ({"batch_size": 0}, "$.batch_size"),
+    ({"accum_steps": 10**7}, "$.accum_steps"),
+]
+
+
+def broken_commands() -> list[tuple[Command, dict[str, Any], str]]:
+    cases = []
+    for command in VALID:
+        fields = set(msgspec.structs.asdict(command))
+        extra = {StartJob: START_ONLY, ResizeJob: RESIZE_ONLY}.get(type(command), [])
+        for changes, where in [*BROKEN, *extra]:
+            if set(changes) <= fields:
+                cases.append((command, changes, where))
+    return cases
+
+
+@pytest.mark.parametrize(("command", "changes", "where"), broken_commands())
+def test_a_command_breaking_a_constraint_can_be_neither_built_nor_decoded(
+    command: Command, changes: dict[str, Any], where: str
+):
+    with pytest.raises(msgspec.ValidationError, match=re.escape(f"at `{where}`")):
+        msgspec.structs.replace(command, **changes)
+    tag = str(command.__struct_config__.tag)
+    wire = codec.encode({"type": tag, **msgspec.structs.asdict(command), **changes})
+    with pytest.raises(msgspec.ValidationError, match=changes and next(iter(changes))):
+        codec.decode(wire, Command)  # type: ignore[arg-type]
+
+
+def test_a_stop_reason_outside_the_three_is_not_decoded():
+    wire = codec.encode({"type": "stop", "job_id": "j", "run_id": 1, "reason": "bored"})
+    with pytest.raises(msgspec.ValidationError, match="reason"):
+        codec.decode(wire, Command)  # type: ignore[arg-type]
+    assert codec.decode(codec.encode(VALID[1]), Command) == VALID[1]  # type: ignore[arg-type]

@@ -7,11 +7,15 @@ Validation constraints live on the types, so a decode error names the bad field.
 
 from __future__ import annotations
 
-import enum
+import functools
 import time
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+
+# job records and events carry the core's job states: one vocabulary, and its users
+# may import it from here with the rest of the wire
+from libs.core.lifecycle import JobState
 
 SCHEMA_VERSION = 1
 
@@ -32,26 +36,6 @@ MAX_DEADLINE = 4_102_444_800.0
 GpuCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_GPUS)]
 BatchSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_BATCH_SIZE)]
 IterationCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_ITERATIONS)]
-
-
-class JobState(enum.StrEnum):
-    QUEUED = "QUEUED"
-    RUNNING = "RUNNING"
-    PREEMPTED = "PREEMPTED"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL_STATES
-
-    @property
-    def waiting(self) -> bool:
-        return self in (JobState.QUEUED, JobState.PREEMPTED)
-
-
-TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 
 
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -223,39 +207,72 @@ class Telemetry(msgspec.Struct, frozen=True, kw_only=True):
 
 # ---- commands: scheduler -> node agent (request/reply) ------------------------------
 
+#: a GPU's index on its node
+GpuIndex = Annotated[int, msgspec.Meta(ge=0, lt=MAX_GPUS)]
+#: the GPUs a command names on the receiving node: at least one (whether they are
+#: distinct and exist there is the node's check: msgspec has no constraint for either)
+GpuIndices = Annotated[list[GpuIndex], msgspec.Meta(min_length=1, max_length=MAX_GPUS)]
+#: every accumulation step holds at least one sample of the batch
+AccumSteps = Annotated[int, msgspec.Meta(ge=1, le=MAX_BATCH_SIZE)]
+RunId = PositiveInt
+StopReason = Literal["preempt", "cancel", "lost"]
 
-class StartJob(msgspec.Struct, frozen=True, kw_only=True, tag="start"):
-    job_id: str
-    run_id: int
+
+@functools.cache
+def _field_types(struct: type[msgspec.Struct]) -> tuple[tuple[str, Any], ...]:
+    return tuple((f.name, f.type) for f in msgspec.structs.fields(struct))
+
+
+class _CheckedCommand(msgspec.Struct, frozen=True, kw_only=True):
+    """A command checks its constraints when built, not only when decoded, so that an
+    invalid one cannot be sent either: msgspec checks ``Meta`` constraints only while
+    decoding, so each field is checked here against its own annotated type."""
+
+    def __post_init__(self) -> None:
+        for name, annotated in _field_types(type(self)):
+            try:
+                msgspec.convert(getattr(self, name), annotated)
+            except msgspec.ValidationError as exc:
+                message = str(exc)
+                where = f"`$.{name}"
+                raise msgspec.ValidationError(
+                    message.replace("`$", where, 1) if " - at `$" in message
+                    else f"{message} - at {where}`"
+                ) from None
+
+
+class StartJob(_CheckedCommand, frozen=True, kw_only=True, tag="start"):
+    job_id: IdStr
+    run_id: RunId
     spec: JobSpec
-    total_iterations: int
+    total_iterations: PositiveInt
     #: GPU indices on the receiving node
-    gpus: list[int]
-    accum_steps: int = 1
-    co_runners: list[str] = []
+    gpus: GpuIndices
+    accum_steps: AccumSteps = 1
+    co_runners: list[IdStr] = []
     #: iteration to resume from (the last checkpoint the scheduler knows of)
-    resume_iteration: int = 0
+    resume_iteration: Annotated[int, msgspec.Meta(ge=0)] = 0
     #: how many nodes the whole job spans; the part with ``leader`` reports progress
     #: and the exit, the others hold their GPUs until stopped
-    nodes: int = 1
+    nodes: GpuCount = 1
     leader: bool = True
     #: overrides the agent's ground truth for a simulated job: seconds per iteration
-    emulated_iteration_s: float | None = None
+    emulated_iteration_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
     #: a process job across nodes: where its ranks meet (the leader's reply gives it to
     #: the other parts), this part's first global rank, and the ranks of the whole job
     rendezvous: str = ""
-    first_rank: int = 0
-    world_size: int = 0
+    first_rank: Annotated[int, msgspec.Meta(ge=0)] = 0
+    world_size: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
-class StopJob(msgspec.Struct, frozen=True, kw_only=True, tag="stop"):
-    job_id: str
-    run_id: int
+class StopJob(_CheckedCommand, frozen=True, kw_only=True, tag="stop"):
+    job_id: IdStr
+    run_id: RunId
     #: preempt: checkpoint first; cancel: just stop
-    reason: Literal["preempt", "cancel", "lost"] = "cancel"
+    reason: StopReason = "cancel"
 
 
-class ResizeJob(msgspec.Struct, frozen=True, kw_only=True, tag="resize"):
+class ResizeJob(_CheckedCommand, frozen=True, kw_only=True, tag="resize"):
     """Restart a running job on this node with a new shape, from its checkpoint.
 
     The agent preempts run ``run_id`` (it checkpoints) and starts ``new_run_id`` with
@@ -263,17 +280,18 @@ class ResizeJob(msgspec.Struct, frozen=True, kw_only=True, tag="resize"):
     exit. A job that spans several nodes is moved by a stop and a start instead.
     """
 
-    job_id: str
-    run_id: int
-    new_run_id: int
+    job_id: IdStr
+    run_id: RunId
+    new_run_id: RunId
     #: GPU indices on the receiving node for the new run
-    gpus: list[int]
+    gpus: GpuIndices
     #: the new global batch
-    batch_size: int
-    accum_steps: int = 1
-    co_runners: list[str] = []
+    batch_size: BatchSize
+    accum_steps: AccumSteps = 1
+    co_runners: list[IdStr] = []
 
 
+#: what a node agent's command endpoint decodes: a union tagged by ``type``
 Command = StartJob | StopJob | ResizeJob
 
 

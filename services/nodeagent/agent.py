@@ -35,12 +35,14 @@ from libs.common.bus import Stores, connection
 from libs.common.embedded import free_port
 from libs.common.schemas import (
     SCHEMA_VERSION,
+    Command,
     CommandReply,
     NodeInfo,
     Progress,
     ResizeJob,
     StartJob,
     StopJob,
+    StopReason,
 )
 from libs.core.groundtruth import ProfilePerformanceModel, load_performance_model
 from services.nodeagent.checks import run_kind, start_problem
@@ -59,15 +61,12 @@ from services.nodeagent.runs import (
     ProcessStarted,
     RunEnd,
     RunEnded,
-    StopReason,
     StopRun,
 )
 from services.nodeagent.simulation import SimulatedClocks, SimulatedFinish
 
 #: (job, run) pairs remembered after they end, so that a retried start does not rerun them
 REMEMBERED_RUNS = 4096
-#: the command type as msgspec decodes it: a tagged union
-Command = StartJob | StopJob | ResizeJob
 _COMMAND = cast("type[Command]", Command)
 
 

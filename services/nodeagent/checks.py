@@ -1,5 +1,10 @@
 """Whether a start can run on this node, and as what kind of run.
 
+The command types hold every constraint one field can carry (``libs.common.schemas``):
+a command that breaks one is not decoded. What is left here depends on the node (the
+GPUs it has, the models its ground truth knows, its jobs mode) or on several fields at
+once (distinct GPUs, ranks that fit the job's world size).
+
 Each problem is one line that starts with the field it is about, so a refused command
 names what to change.
 """
@@ -7,17 +12,13 @@ names what to change.
 from __future__ import annotations
 
 from libs.common.schemas import StartJob
-from services.nodeagent.config import NAME_PATTERN
 from services.nodeagent.gpus import GpuInventory
 from services.nodeagent.residents import RunKind
 
 
 def start_problem(start: StartJob, inventory: GpuInventory, node: str) -> str:
     """Why this start cannot run here, or ''."""
-    if not NAME_PATTERN.match(start.job_id):
-        return f"job_id: {start.job_id!r} must be 1-64 letters, digits, '-' or '_'"
-    if not start.gpus:
-        return "gpus: no GPU given"
+    # a list type cannot say its items are distinct; a set would drop the repeat silently
     indices = inventory.indices
     seen: set[int] = set()
     for index in start.gpus:
@@ -29,19 +30,7 @@ def start_problem(start: StartJob, inventory: GpuInventory, node: str) -> str:
                 f"gpus: GPU {index} does not exist on {node} "
                 f"(it has GPUs {gpu_ranges(sorted(indices))})"
             )
-    if start.total_iterations < 1:
-        return f"total_iterations: must be >= 1, got {start.total_iterations}"
-    if start.resume_iteration < 0:
-        return f"resume_iteration: must be >= 0, got {start.resume_iteration}"
-    if start.accum_steps < 1:
-        return f"accum_steps: must be >= 1, got {start.accum_steps}"
-    if start.nodes < 1:
-        return f"nodes: must be >= 1, got {start.nodes}"
-    if start.emulated_iteration_s is not None and not start.emulated_iteration_s > 0:
-        return f"emulated_iteration_s: must be > 0, got {start.emulated_iteration_s}"
-    if start.rendezvous and (
-        start.first_rank < 0 or start.world_size < start.first_rank + len(start.gpus)
-    ):
+    if start.rendezvous and start.world_size < start.first_rank + len(start.gpus):
         return (
             f"world_size: {start.world_size} ranks cannot hold ranks {start.first_rank}.."
             f"{start.first_rank + len(start.gpus) - 1} of this part"

@@ -53,11 +53,7 @@ def resize_problem(start: StartJob, resize: ResizeJob) -> str:
             f"job_id: job {resize.job_id} spans {start.nodes} nodes; move it with "
             "a stop and a start"
         )
-    if resize.batch_size < 1:
-        return f"batch_size: must be >= 1, got {resize.batch_size}"
-    if resize.accum_steps >= 1 and resize.gpus:
-        return split_problem(resize.batch_size, len(resize.gpus), resize.accum_steps)
-    return ""
+    return split_problem(resize.batch_size, len(resize.gpus), resize.accum_steps)
 
 
 def resized(start: StartJob, resize: ResizeJob, known_models: frozenset[str]) -> StartJob:

@@ -22,10 +22,9 @@ from typing import IO, Any, Literal
 import msgspec
 
 from libs.common.actor import Actor
-from libs.common.schemas import Progress
+from libs.common.schemas import Progress, StopReason
 
 Outcome = Literal["succeeded", "failed", "stopped"]
-StopReason = Literal["preempt", "cancel", "lost"]
 
 #: how much of a failed run's stderr goes into its JobExit
 STDERR_TAIL_BYTES = 2048
