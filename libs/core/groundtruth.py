@@ -80,7 +80,7 @@ class ProfilePerformanceModel:
         self._gavel = gavel
         self._synergy = synergy
         self._iter_cache: dict[tuple[str, int, int, int, int], float] = {}
-        self._slow_cache: dict[tuple[JobShape, JobShape], float] = {}
+        self._slow_cache: dict[tuple[str, int, int, int, str, int, int, int], float] = {}
         self._mem_cache: dict[tuple[str, float], float] = {}
         self._speed_cache: dict[tuple[str, int, float, float], float] = {}
 
@@ -205,7 +205,17 @@ class ProfilePerformanceModel:
     # ----------------------------------------------------------------- co-location
 
     def colocation_slowdown(self, shape: JobShape, partner: JobShape) -> float:
-        key = (shape, partner)
+        # a tuple of the fields hashes several times faster than the two shapes
+        key = (
+            shape.model,
+            shape.batch_size,
+            shape.gpus,
+            shape.accum_steps,
+            partner.model,
+            partner.batch_size,
+            partner.gpus,
+            partner.accum_steps,
+        )
         try:
             return self._slow_cache[key]
         except KeyError:
