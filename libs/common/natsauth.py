@@ -27,7 +27,7 @@ _JS = "$JS.API"
 _USER_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 
 #: admission's own buckets (the per-tenant quota ledgers, services/admission/quota.py)
-ADMISSION_BUCKETS = ("gpusched_quota",)
+ADMISSION_BUCKETS = (subjects.QUOTA_BUCKET,)
 
 #: the JetStream streams behind gpusched's KV buckets
 _BUCKETS = (

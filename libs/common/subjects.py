@@ -27,6 +27,8 @@ LIVE_BUCKET = "gpusched_live"
 LIVE_INDEX_COMPLETE_KEY = "_complete"
 #: what the predictor has learned (key ``PREDICTOR_LEARNED_KEY``), kept across restarts
 PREDICTOR_BUCKET = "gpusched_predictor"
+#: admission's per-tenant GPU quota ledgers (services/admission/quota.py)
+QUOTA_BUCKET = "gpusched_quota"
 PREDICTOR_LEARNED_KEY = "learned"
 SCHEDULER_LEASE_KEY = "scheduler"
 

@@ -34,9 +34,11 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from libs.common import subjects
+
 log = structlog.get_logger("gpusched.admission")
 
-QUOTA_BUCKET = "gpusched_quota"
+QUOTA_BUCKET = subjects.QUOTA_BUCKET
 #: how often each instance reconciles the ledgers against the job records
 RECONCILE_S = 10.0
 #: how long a reservation may wait for its job record before it counts as abandoned
