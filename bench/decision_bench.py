@@ -15,7 +15,8 @@ from speed import print_machine_speed  # bench/ is the script's own directory
 
 from libs.core.cluster import Cluster
 from libs.core.groundtruth import load_performance_model
-from libs.core.snapshot import JobState, JobView, Snapshot
+from libs.core.lifecycle import JobState
+from libs.core.snapshot import JobView, Snapshot
 from services.scheduler.policies import POLICIES, make_policy
 
 GPU_COUNTS = (1, 1, 1, 1, 1, 1, 1, 2, 4, 8)

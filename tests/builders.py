@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 
 from libs.core.cluster import Cluster, Node
 from libs.core.jobs import JobSpec
+from libs.core.lifecycle import JobState
 from libs.core.perf import UnknownModelError
 from libs.core.shape import JobShape
-from libs.core.snapshot import JobState, JobView, Snapshot
+from libs.core.snapshot import JobView, Snapshot
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,15 @@ Validation constraints live on the types, so a decode error names the bad field.
 
 from __future__ import annotations
 
-import enum
 import functools
 import time
 from typing import Annotated, Any, Literal
 
 import msgspec
+
+# job records and events carry the core's job states: one vocabulary, and its users
+# may import it from here with the rest of the wire
+from libs.core.lifecycle import JobState
 
 SCHEMA_VERSION = 1
 
@@ -33,26 +36,6 @@ MAX_DEADLINE = 4_102_444_800.0
 GpuCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_GPUS)]
 BatchSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_BATCH_SIZE)]
 IterationCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_ITERATIONS)]
-
-
-class JobState(enum.StrEnum):
-    QUEUED = "QUEUED"
-    RUNNING = "RUNNING"
-    PREEMPTED = "PREEMPTED"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL_STATES
-
-    @property
-    def waiting(self) -> bool:
-        return self in (JobState.QUEUED, JobState.PREEMPTED)
-
-
-TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 
 
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -13,15 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from libs.core.cluster import Cluster
+from libs.core.lifecycle import JobState
 from libs.core.perf import PerformanceModel
-
-
-class JobState(StrEnum):
-    PENDING = "pending"
-    RUNNING = "running"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +35,8 @@ class JobView:
     deadline: float | None = None
     #: true remaining exclusive run time; filled only by simulators, for oracle baselines
     oracle_remaining_s: float | None = None
-    state: JobState = JobState.PENDING
+    #: RUNNING while the job holds GPUs (being started or stopped too), else QUEUED
+    state: JobState = JobState.QUEUED
     #: running only: GPUs held and the accumulation steps in use
     gpu_ids: tuple[int, ...] = ()
     accum_steps: int = 1

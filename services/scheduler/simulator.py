@@ -19,8 +19,9 @@ from dataclasses import dataclass, replace
 from libs.core.cluster import Cluster
 from libs.core.decision import Decision, Resize, Start, decision_problems
 from libs.core.jobs import JobSpec
+from libs.core.lifecycle import JobState
 from libs.core.perf import PerformanceModel
-from libs.core.snapshot import JobState, JobView, Snapshot
+from libs.core.snapshot import JobView, Snapshot
 from services.scheduler.policies.base import Policy, QueueSort, unschedulable_reason
 from services.scheduler.results import (
     FINISHED,
@@ -86,7 +87,9 @@ class SimJob:
         self.est_iter = est_iter  # estimated seconds/iteration, consolidated, alone
         self.exclusive_iter = exclusive_iter  # true seconds/iteration, consolidated, alone
         self.remaining = float(spec.iterations)
-        self.state = "waiting"
+        #: QUEUED, RUNNING, PREEMPTED (queued again), SUCCEEDED, or FAILED when no
+        #: placement on the cluster fits it
+        self.state = JobState.QUEUED
         self.gpu_ids: tuple[int, ...] = ()
         self.accum = 1
         self.mem_mb = 0.0
@@ -242,7 +245,6 @@ class Simulator:
         bad = unschedulable_reason(view, self._idle)
         if bad:
             return self._refuse(job, bad)
-        job.state = "pending"
         self._enqueue(view)
         return True
 
@@ -254,7 +256,7 @@ class Simulator:
         return est, self.truth.iteration_time(spec.model, spec.batch_size, spec.gpus, nodes)
 
     def _refuse(self, job: SimJob, reason: str | None) -> bool:
-        job.state = UNSCHEDULABLE
+        job.state = JobState.FAILED
         self.unschedulable[job.spec.job_id] = reason or "unschedulable"
         self.done += 1
         return False
@@ -268,7 +270,7 @@ class Simulator:
     def _view(self, job: SimJob) -> JobView:
         """The job as policies see it now: queued, or running where it runs."""
         spec = job.spec
-        running = job.state == "running"
+        running = job.state is JobState.RUNNING
         return JobView(
             job_id=spec.job_id,
             submit_time=spec.submit_time,
@@ -283,7 +285,7 @@ class Simulator:
             oracle_remaining_s=job.remaining * job.exclusive_iter,
             queued_since=job.queued_since,
             preemptions=job.preemptions,
-            state=JobState.RUNNING if running else JobState.PENDING,
+            state=JobState.RUNNING if running else JobState.QUEUED,
             gpu_ids=job.gpu_ids if running else (),
             accum_steps=job.accum if running else 1,
             progress_rate=job.est_iter / job.iter_time if running else 0.0,
@@ -335,7 +337,7 @@ class Simulator:
 
     def _finish(self, job_id: str, version: int) -> bool:
         job = self.jobs[job_id]
-        if job.state != "running" or job.version != version:
+        if job.state is not JobState.RUNNING or job.version != version:
             return False
         self._settle(job)
         if job.remaining > ITER_EPSILON * max(1.0, job.spec.iterations) and self._still_ahead(job):
@@ -343,7 +345,7 @@ class Simulator:
             return False
         job.remaining = 0.0
         partners = self._release(job)
-        job.state = FINISHED
+        job.state = JobState.SUCCEEDED
         job.finish_time = self.clock
         self.done += 1
         for other in partners:
@@ -414,7 +416,7 @@ class Simulator:
         job = self.jobs[job_id]
         self._settle(job)
         partners = self._release(job)
-        job.state = "pending"
+        job.state = JobState.PREEMPTED
         job.preemptions += 1
         self.preemptions += 1
         job.overhead_left = self.config.restart_overhead_s
@@ -433,7 +435,7 @@ class Simulator:
         spec = replace(job.spec, batch_size=resize.batch_size, gpus=len(resize.gpu_ids))
         job.spec = spec
         job.est_iter, job.exclusive_iter = self._alone_iter(spec)
-        job.state = "pending"
+        job.state = JobState.PREEMPTED
         job.overhead_left = self.config.restart_overhead_s
         job.queued_since = self.clock
         self.resizes += 1
@@ -453,7 +455,7 @@ class Simulator:
         self.queue.remove(view)
         for queue in self.extra_queues:
             queue.remove(view)
-        job.state = "running"
+        job.state = JobState.RUNNING
         job.gpu_ids = start.gpu_ids
         job.accum = start.accum_steps
         job.mem_mb = mem
@@ -491,11 +493,11 @@ class Simulator:
         for spec in self.specs:
             job = self.jobs[spec.job_id]
             exclusive = spec.iterations * job.exclusive_iter
-            if job.state == FINISHED:
+            if job.state is JobState.SUCCEEDED:
                 assert job.finish_time is not None
                 last_finish = max(last_finish, job.finish_time)
                 state, reason = FINISHED, ""
-            elif job.state == UNSCHEDULABLE:
+            elif job.state is JobState.FAILED:  # the one way a simulated job fails
                 state, reason = UNSCHEDULABLE, self.unschedulable[spec.job_id]
             else:
                 state = UNFINISHED

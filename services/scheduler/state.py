@@ -6,6 +6,7 @@ inside one snapshot, because the set of live nodes can change between rounds.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,9 +14,9 @@ from typing import Any
 
 from libs.common.schemas import JobRecord, NodeInfo, Placement
 from libs.core.cluster import Cluster, Node
+from libs.core.lifecycle import JobState
 from libs.core.perf import PerformanceModel
 from libs.core.shape import JobShape
-from libs.core.snapshot import JobState as ViewState
 from libs.core.snapshot import JobView, Snapshot
 from services.scheduler.policies.base import Policy
 
@@ -52,10 +53,19 @@ class ScaledModel:
         return self.inner.cpu_mem_speedup(model, gpus, cpus_per_gpu, mem_gb_per_gpu)
 
 
-class Phase:
+class Phase(enum.StrEnum):
+    """Where the live scheduler is with a job it drives: finer than the job's stored
+    ``JobState``, because starting and stopping take request/reply round trips during
+    which the job's GPUs are booked although its record does not say RUNNING (or still
+    says it)."""
+
+    #: queued or preempted (``JobState.waiting``): holds no GPUs, offered to the policy
     WAITING = "waiting"
+    #: start (or resize) commands sent, not yet confirmed; the record still waits
     STARTING = "starting"
+    #: the record says RUNNING and the job's nodes run it
     RUNNING = "running"
+    #: a stop was sent; the record says RUNNING until the job's exit arrives
     STOPPING = "stopping"
 
 
@@ -65,7 +75,7 @@ class LiveJob:
     revision: int
     #: predicted wall seconds per iteration, exclusive, at a consolidated placement
     est_iteration_s: float
-    phase: str = Phase.WAITING
+    phase: Phase = Phase.WAITING
     #: what a stop is for: "preempt", "cancel" or "lost"
     stop_reason: str = ""
     queued_since: float = 0.0
@@ -246,7 +256,7 @@ def running_view(job: LiveJob, now: float, gpu_ids: tuple[int, ...]) -> JobView:
     def make() -> JobView:
         return _view(
             job, job.iteration_at or now,
-            state=ViewState.RUNNING,
+            state=JobState.RUNNING,
             gpu_ids=gpu_ids,
             accum_steps=job.record.accum_steps,
             # a stopping job finishes nothing more; one being started not yet
