@@ -24,8 +24,10 @@ from libs.common import codec, natsauth, subjects
 from libs.common.bus import Stores, connect, credentials, settle
 from libs.common.embedded import NatsServer, wait_until
 from libs.common.natsauth import Credentials, nodeagent_user
-from libs.common.schemas import JobSpec, StartJob
+from libs.common.schemas import CommandReply, JobSpec, StartJob, StopJob
 from services.cli.up import LocalCluster, UpConfig
+from services.nodeagent.agent import NodeAgent
+from services.nodeagent.config import NodeAgentConfig
 
 NODES = ("node-0", "node-1")
 #: a request the server drops gets no answer; this is how long a client waits for one
@@ -158,6 +160,22 @@ async def test_a_node_agent_opens_the_stores_but_cannot_read_job_records(as_user
         await stores.js.publish(f"$KV.{subjects.NODES_BUCKET}.node-1", b"{}",
                                 timeout=DENIED_REQUEST_S)
     await agent.violation(f"$KV.{subjects.NODES_BUCKET}.node-1")
+
+
+async def test_a_node_agent_serves_its_commands_as_a_micro_service_within_its_permissions(
+    as_user, tmp_path
+):
+    agent = await as_user(nodeagent_user("node-0"))
+    config = NodeAgentConfig(name="node-0", gpus=2, work_dir=tmp_path / "work")
+    async with NodeAgent(config, nc=agent.nc, stores=await Stores.open(agent.nc)):
+        scheduler = await as_user("scheduler")
+        reply = await scheduler.nc.request(subjects.node_command("node-0"),
+                                           codec.encode(StopJob(job_id="j1", run_id=1)),
+                                           timeout=5, headers=codec.headers())
+        assert codec.decode(reply.data, CommandReply).ok
+        await settle(agent.nc)
+    # the service's $SRV subscriptions and its replies were all allowed
+    assert not [e for e in agent.errors if "permissions violation" in e.lower()], agent.errors
 
 
 def test_the_generated_configuration_and_credentials_are_private_from_creation(

@@ -4,6 +4,7 @@ commands and simulated runs, exits stored in JetStream."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -341,6 +342,23 @@ async def test_a_command_of_another_schema_version_is_refused(agent: NodeAgent, 
                              headers=codec.headers({codec.SCHEMA_HEADER: "99"}))
     answer = codec.decode(reply.data, CommandReply)
     assert not answer.ok and "schema version 99" in answer.error
+
+
+async def test_the_command_endpoint_is_a_nats_micro_service_named_with_its_node(
+    agent: NodeAgent, nc: Client
+):
+    info = json.loads((await nc.request("$SRV.INFO.gpusched-nodeagent", b"", timeout=5)).data)
+    assert (info["name"], info["metadata"]) == ("gpusched-nodeagent", {"node": NODE})
+    [endpoint] = info["endpoints"]
+    assert (endpoint["name"], endpoint["subject"]) == ("command", subjects.node_command(NODE))
+    ping = json.loads((await nc.request("$SRV.PING.gpusched-nodeagent", b"", timeout=5)).data)
+    assert (ping["name"], ping["id"], ping["metadata"]) == (
+        "gpusched-nodeagent", info["id"], {"node": NODE}
+    )
+    # refusals are CommandReplies, not micro errors: the scheduler decodes the body
+    reply = await nc.request(subjects.node_command(NODE), b"\xc1", timeout=5)
+    assert not (reply.headers or {}).get("Nats-Service-Error")
+    assert not codec.decode(reply.data, CommandReply).ok
 
 
 async def test_a_simulated_job_of_an_unknown_model_needs_its_speed_given(

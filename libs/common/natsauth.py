@@ -195,9 +195,24 @@ def nodeagent(node: str) -> Permissions:
             f"{P}.job.*.exit",
             *_open_stores(),
         ),
-        subscribe=(subjects.node_command(node),),
+        subscribe=(subjects.node_command(node), *_micro_discovery(NODEAGENT_SERVICE)),
         allow_responses=True,
     )
+
+
+#: the NATS micro service of every node agent (services/nodeagent/command_service.py)
+NODEAGENT_SERVICE = "gpusched-nodeagent"
+
+
+def _micro_discovery(service: str) -> list[str]:
+    """What a NATS micro service listens to besides its endpoints: PING, INFO and STATS
+    for all services, for its name, and for its name and instance id. It answers on
+    the request's reply subject (``allow_responses``)."""
+    return [
+        subject
+        for verb in ("PING", "INFO", "STATS")
+        for subject in (f"$SRV.{verb}", f"$SRV.{verb}.{service}", f"$SRV.{verb}.{service}.*")
+    ]
 
 
 def tap() -> Permissions:

@@ -2,7 +2,8 @@
 
 One actor owns the node's state (the runs and what sits on each GPU). NATS callbacks,
 timers and process runs only send it messages. Commands arrive by request/reply on
-``gpusched.node.<name>.command``; the agent publishes heartbeats, telemetry and progress
+``gpusched.node.<name>.command``, the endpoint of the node's NATS micro service
+(``command_service``); the agent publishes heartbeats, telemetry and progress
 events, and every run of a leader part ends with exactly one JobExit stored in JetStream
 (retried until the server takes it, deduplicated by its Nats-Msg-Id).
 
@@ -21,20 +22,17 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
 
 import msgspec
 import structlog
 from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
+from nats.micro.service import Service
 
 from libs.common import codec, subjects
 from libs.common.actor import Actor
 from libs.common.bus import Stores, connection
 from libs.common.embedded import free_port
 from libs.common.schemas import (
-    SCHEMA_VERSION,
     Command,
     CommandReply,
     NodeInfo,
@@ -46,6 +44,7 @@ from libs.common.schemas import (
 )
 from libs.core.groundtruth import ProfilePerformanceModel, load_performance_model
 from services.nodeagent.checks import run_kind, start_problem
+from services.nodeagent.command_service import serve_commands
 from services.nodeagent.config import NodeAgentConfig
 from services.nodeagent.exits import PUBLISH_TIMEOUT_S, ExitOutbox, job_exit
 from services.nodeagent.gpus import GpuInventory, discover, read_nvml
@@ -67,7 +66,6 @@ from services.nodeagent.simulation import SimulatedClocks, SimulatedFinish
 
 #: (job, run) pairs remembered after they end, so that a retried start does not rerun them
 REMEMBERED_RUNS = 4096
-_COMMAND = cast("type[Command]", Command)
 
 
 # ---- messages to the agent's actor --------------------------------------------------
@@ -157,7 +155,7 @@ class NodeAgent(Actor[AgentMessage]):
         self._inventory: GpuInventory | None = None
         self._info: NodeInfo | None = None
         self._stack = contextlib.AsyncExitStack()
-        self._command_sub: Subscription | None = None
+        self._commands: Service | None = None
         self._runs: dict[str, Run] = {}
         self._ended: OrderedDict[tuple[str, int], None] = OrderedDict()
         #: set up once connected, the inventory known and the ground truth loaded
@@ -242,8 +240,8 @@ class NodeAgent(Actor[AgentMessage]):
         self._outbox = ExitOutbox(self._stores, self.log, self._metrics)
         await super().__aenter__()
         self._stack.push_async_callback(self._stop_actor)
-        self._command_sub = await self._nc.subscribe(
-            subjects.node_command(config.name), cb=self._on_command
+        self._commands = await serve_commands(
+            self._nc, config.name, self._answer, self._count_command
         )
         await self._nc.flush()
         self._seen_reconnects = self._nc.stats["reconnects"]
@@ -268,10 +266,10 @@ class NodeAgent(Actor[AgentMessage]):
             await self._stack.aclose()
 
     async def _shutdown(self) -> None:
-        if self._command_sub is not None:
+        if self._commands is not None:
             with contextlib.suppress(Exception):
-                await self._command_sub.unsubscribe()
-            self._command_sub = None
+                await self._commands.stop()
+            self._commands = None
         if self.running:
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self.tell(_StopAll("preempt", done))
@@ -357,30 +355,15 @@ class NodeAgent(Actor[AgentMessage]):
             self.log.warning("deregistration failed", error=repr(exc))
 
     # ---- commands -------------------------------------------------------------------
-    async def _on_command(self, msg: Msg) -> None:
-        kind = "unknown"
-        schema = (msg.headers or {}).get(codec.SCHEMA_HEADER)
-        try:
-            if schema is not None and schema != str(SCHEMA_VERSION):
-                raise msgspec.DecodeError(
-                    f"schema version {schema} (header {codec.SCHEMA_HEADER}); this node "
-                    f"agent reads version {SCHEMA_VERSION}"
-                )
-            command = codec.decode(msg.data, _COMMAND)
-        except msgspec.DecodeError as exc:
-            reply = CommandReply(ok=False, error=f"undecodable command: {exc}")
-        else:
-            kind = str(command.__struct_config__.tag)
-            if self.running:
-                future: asyncio.Future[CommandReply] = asyncio.get_running_loop().create_future()
-                self.tell(_Command(command, future))
-                reply = await future
-            else:
-                reply = CommandReply(False, f"node agent {self.config.name} is shutting down")
+    async def _answer(self, command: Command) -> CommandReply:
+        if not self.running:
+            return CommandReply(False, f"node agent {self.config.name} is shutting down")
+        future: asyncio.Future[CommandReply] = asyncio.get_running_loop().create_future()
+        self.tell(_Command(command, future))
+        return await future
+
+    def _count_command(self, kind: str, reply: CommandReply) -> None:
         self._metrics.commands.labels(kind, "ok" if reply.ok else "refused").inc()
-        if msg.reply and self._nc is not None:
-            with contextlib.suppress(Exception):
-                await self._nc.publish(msg.reply, codec.encode(reply), headers=codec.headers())
 
     async def handle(self, message: AgentMessage) -> None:
         match message:

@@ -1,0 +1,84 @@
+"""A node's command endpoint, as a NATS micro service.
+
+Every agent adds a service ``gpusched-nodeagent`` (metadata: its node name) with one
+endpoint, ``command``, on ``gpusched.node.<node>.command``: the subject the scheduler
+sends to and the NATS permissions name. ``nats micro ls`` lists the agents, and
+``$SRV.PING`` / ``$SRV.INFO`` / ``$SRV.STATS`` (also with the service name, and name and
+id) answer as for the predictor.
+
+Unlike the predictor's endpoints, this one answers every request with a
+:class:`~libs.common.schemas.CommandReply`, refusals and undecodable commands included
+(``ok=False`` and the reason), never with ``Nats-Service-Error`` headers and an empty
+body: the scheduler decodes the reply's body.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import cast
+
+import msgspec
+from nats import micro
+from nats.aio.client import Client
+from nats.micro.service import Service
+
+from libs.common import codec, natsauth, subjects
+from libs.common.schemas import SCHEMA_VERSION, Command, CommandReply
+
+SERVICE_NAME = natsauth.NODEAGENT_SERVICE
+SERVICE_VERSION = "0.1.0"
+SERVICE_DESCRIPTION = "gpusched node agent: starts, stops and resizes jobs on one node"
+ENDPOINT = "command"
+_COMMAND = cast("type[Command]", Command)
+
+def decode_command(data: bytes, headers: dict[str, str] | None) -> Command:
+    """The command in a request. Raises ``msgspec.DecodeError`` naming the field, or the
+    schema version when the request speaks another one."""
+    schema = (headers or {}).get(codec.SCHEMA_HEADER)
+    if schema is not None and schema != str(SCHEMA_VERSION):
+        raise msgspec.DecodeError(
+            f"schema version {schema} (header {codec.SCHEMA_HEADER}); this node "
+            f"agent reads version {SCHEMA_VERSION}"
+        )
+    return codec.decode(data, _COMMAND)
+
+
+async def serve_commands(
+    nc: Client, node: str, answer: Callable[[Command], Awaitable[CommandReply]],
+    answered: Callable[[str, CommandReply], None],
+) -> Service:
+    """Add the node's command service; ``answer`` replies to a decoded command, and
+    ``answered`` is told the kind of each command and its reply (for metrics). The
+    caller stops the service."""
+
+    async def on_request(request: micro.Request) -> None:
+        kind = "unknown"
+        try:
+            command = decode_command(request.data, request.headers)
+        except msgspec.DecodeError as exc:
+            reply = CommandReply(ok=False, error=f"undecodable command: {exc}")
+        else:
+            kind = str(command.__struct_config__.tag)
+            reply = await answer(command)
+        answered(kind, reply)
+        # no reply subject, or a connection closing: the sender's timeout covers it
+        with contextlib.suppress(Exception):
+            await request.respond(codec.encode(reply), headers=codec.headers())
+
+    service = await micro.add_service(
+        nc,
+        name=SERVICE_NAME,
+        version=SERVICE_VERSION,
+        description=SERVICE_DESCRIPTION,
+        metadata={"node": node},
+    )
+    try:
+        await service.add_endpoint(
+            name=ENDPOINT, subject=subjects.node_command(node), handler=on_request,
+            metadata={"node": node},
+        )
+    except BaseException:
+        await service.stop()
+        raise
+    return service
