@@ -46,15 +46,17 @@ def main() -> None:
     if not trace_path.exists():
         print(f"skipped: {trace_path} is absent (see docs/trace-format.md for where to get it)")
         sys.exit(0)
+    cluster = Cluster.parse(args.cluster)
     began = time.perf_counter()
     perf = load_performance_model(args.data_dir)
-    jobs = materialize(load_trace(trace_path, "philly").jobs, perf, seed=args.seed)
+    # run times are converted at the placement a job gets alone on this cluster, as
+    # `gpusched simulate` does, so a job alone takes exactly its trace duration here
+    jobs = materialize(load_trace(trace_path, "philly").jobs, perf, seed=args.seed, cluster=cluster)
     if args.limit:
         jobs = jobs[: args.limit]
     print(f"loaded {len(jobs)} jobs in {time.perf_counter() - began:.1f} s; cluster {args.cluster}")
-    cluster = Cluster.parse(args.cluster)
     header = (
-        f"{'policy':<10} {'wall s':>7} {'jobs/s':>8} {'peak RSS MiB':>12} {'avg JCT h':>10} "
+        f"{'policy':<13} {'wall s':>7} {'jobs/s':>8} {'peak RSS MiB':>12} {'avg JCT h':>10} "
         f"{'p50 h':>7} {'p99 h':>8} {'queue h':>8} {'util':>6} {'preempt':>8} {'shared':>7}"
     )
     print(header)
@@ -68,7 +70,7 @@ def main() -> None:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # process peak so far
         s = result.summary()
         print(
-            f"{name:<10} {result.wall_s:>7.1f} {len(jobs) / result.wall_s:>8.0f} "
+            f"{name:<13} {result.wall_s:>7.1f} {len(jobs) / result.wall_s:>8.0f} "
             f"{peak / 2**20:>12.0f} {s['avg_jct_s'] / 3600:>10.2f} {s['p50_jct_s'] / 3600:>7.2f} "
             f"{s['p99_jct_s'] / 3600:>8.1f} {s['avg_queue_s'] / 3600:>8.2f} "
             f"{s['gpu_util']:>6.1%} {s['preemptions']:>8} {s['shared_pairs']:>7}",
