@@ -32,6 +32,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFound
 from libs.common import codec, subjects
 from libs.common.actor import Actor
 from libs.common.bus import Stores, connection
+from libs.common.retry import backoff, retry
 from libs.common.schemas import (
     CancelRequest,
     CommandReply,
@@ -838,21 +839,21 @@ class LiveScheduler(Actor[Message]):
     async def _request(
         self, node: str, command: StartJob | StopJob | ResizeJob
     ) -> tuple[str, CommandReply | None]:
-        error = ""
-        for attempt in range(self.config.command_retries):
-            try:
-                reply = await self.nc.request(
-                    subjects.node_command(node),
-                    codec.encode(command),
-                    timeout=self.config.command_timeout_s,
-                    headers=codec.headers(),
-                )
-                answer = codec.decode(reply.data, CommandReply)
-                return ("" if answer.ok else (answer.error or "refused")), answer
-            except Exception as exc:
-                error = f"no answer ({type(exc).__name__})"
-                await asyncio.sleep(min(0.05 * 2**attempt, 0.5))
-        return error, None
+        data = codec.encode(command)
+
+        async def ask() -> CommandReply:
+            reply = await self.nc.request(
+                subjects.node_command(node), data,
+                timeout=self.config.command_timeout_s, headers=codec.headers(),
+            )
+            return codec.decode(reply.data, CommandReply)
+
+        attempts = itertools.islice(backoff(0.05, 0.5), self.config.command_retries)
+        try:
+            answer = await retry(ask, delays=attempts)
+        except Exception as exc:
+            return f"no answer ({type(exc).__name__})", None
+        return ("" if answer.ok else (answer.error or "refused")), answer
 
     async def _confirm_start(self, job: LiveJob) -> None:
         """A run an earlier leader started is alive on its node: it runs from now on."""
@@ -1040,6 +1041,7 @@ class SchedulerService:
             "nodes": len(live.nodes) if live else None,
             "rounds": live.rounds if live else None,
             "last_decide_ms": live.last_decide_ms if live else None,
+            "refused_decisions": live.refused_decisions if live else None,
         }
 
     async def _status(self, request: micro.Request) -> None:
