@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from libs.core.cluster import Cluster, Node
 from libs.core.jobs import JobSpec
 from libs.core.lifecycle import JobState
-from libs.core.perf import UnknownModelError
+from libs.core.perf import CpuMemDemand, UnknownModelError
 from libs.core.shape import JobShape
 from libs.core.snapshot import JobView, Snapshot
 
@@ -59,6 +59,9 @@ class TablePerf:
         self, model: str, gpus: int, cpus_per_gpu: float, mem_gb_per_gpu: float
     ) -> float:
         return 1.0
+
+    def cpu_mem_demand(self, model: str) -> CpuMemDemand:
+        return CpuMemDemand(3.0, 62.5, 1.0)
 
 
 def cluster(nodes: int = 1, gpus: int = 4, gpu_mem_mb: int = 10_000) -> Cluster:

@@ -18,6 +18,11 @@ class Start:
     accum_steps: int = 1
     #: resident jobs this one will share GPUs with (empty: exclusive)
     shares_with: tuple[str, ...] = ()
+    #: CPU cores for the whole job (split over its nodes in proportion to its GPUs
+    #: there); None: the GPU-proportional share of its nodes
+    cpus: float | None = None
+    #: host memory in GB for the whole job, split likewise; None: the proportional share
+    mem_gb: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +43,17 @@ class Resize:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class Reallocate:
+    """Change a running job's CPU cores and host memory (whole job, split over its nodes
+    in proportion to its GPUs there) without moving it; it keeps its GPUs and progress."""
+
+    job_id: str
+    cpus: float
+    mem_gb: float
+    reason: str = ""
+
+
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
 
@@ -46,6 +62,8 @@ class Decision:
     starts: tuple[Start, ...] = ()
     preemptions: tuple[Preempt, ...] = ()
     resizes: tuple[Resize, ...] = ()
+    #: CPU/memory changes of running jobs, applied after the starts
+    reallocations: tuple[Reallocate, ...] = ()
     #: why each examined job stays pending
     reasons: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     #: why every other pending job waits (the policy stopped looking once nothing could fit)
@@ -204,9 +222,7 @@ class _Booking:
         if accum < 1 or shape.batch_size // shape.gpus // accum < 1:
             problems.append(f"gave {job_id} accum_steps {accum}")
         else:
-            mem = self.memory.gpu_memory_mb(
-                shape.model, shape.batch_size / (shape.gpus * accum)
-            )
+            mem = self.memory.gpu_memory_mb(shape.model, shape.batch_size / (shape.gpus * accum))
         problems.extend(self._gpu_problems(job_id, shape, gpu_ids, mem))
         if not problems and mem is not None:
             self.place(job_id, gpu_ids, mem)

@@ -6,7 +6,7 @@ import hashlib
 import math
 import random
 
-from libs.core.perf import PerformanceModel
+from libs.core.perf import CpuMemDemand, PerformanceModel
 from libs.core.shape import JobShape
 
 #: |log| of the largest factor `NoisyEstimates` applies (e^100, about 2.7e43)
@@ -69,3 +69,6 @@ class NoisyEstimates:
         self, model: str, gpus: int, cpus_per_gpu: float, mem_gb_per_gpu: float
     ) -> float:
         return self._base.cpu_mem_speedup(model, gpus, cpus_per_gpu, mem_gb_per_gpu)
+
+    def cpu_mem_demand(self, model: str) -> CpuMemDemand:
+        return self._base.cpu_mem_demand(model)

@@ -28,15 +28,46 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from libs.core.estimates import NoisyEstimates
-from libs.core.perf import UnknownModelError
-from libs.core.profiles.builtin import ModelProfile, Network, load_builtin
+from libs.core.perf import CpuMemDemand, UnknownModelError, demand_on_node
+from libs.core.profiles.builtin import (
+    FAIR_CPUS_PER_GPU,
+    FAIR_MEM_GB_PER_GPU,
+    ModelProfile,
+    Network,
+    load_builtin,
+)
 from libs.core.profiles.gavel import GAVEL_GPU, GavelTable, read_gavel
 from libs.core.profiles.pollux import MIN_COMPUTE_S, PolluxProfile, read_pollux_model
-from libs.core.profiles.synergy import SynergyData, read_synergy
+from libs.core.profiles.synergy import SynergyData, SynergyModel, read_synergy
 from libs.core.shape import JobShape
 
 #: what other modules have long imported from here
 __all__ = ["NoisyEstimates", "ProfilePerformanceModel", "load_performance_model"]
+
+#: how the ground truth turns a CPU/memory allocation into speed: "grid" reads it from
+#: Synergy's throughput grids (our analytic sensitivity where a model has none);
+#: "binary" is Synergy's artifact: the best-case speed-up with the whole best-case
+#: vector, else none
+SPEED_MODELS = ("grid", "binary")
+#: the servers the binary speed model scales multi-GPU demands for (Synergy's: 8 GPUs,
+#: their CPUs the fair share of each)
+BINARY_SERVER_GPUS = 8
+#: Synergy model -> category, for the models of ``models.json`` the simulator knows by
+#: their own names (image, language, speech as Synergy's workload splits them)
+SYNERGY_CATEGORIES = {
+    "alexnet": "image",
+    "mobilenet": "image",
+    "res18": "image",
+    "res50": "image",
+    "shufflenet": "image",
+    "vae": "image",
+    "bert": "language",
+    "gnmt": "language",
+    "lstm": "language",
+    "transformer": "language",
+    "deepspeech": "speech",
+    "m5": "speech",
+}
 
 
 def _check_positive(**values: float) -> None:
@@ -61,6 +92,7 @@ class ProfilePerformanceModel:
         "_profiles",
         "_slow_cache",
         "_speed_cache",
+        "_speed_model",
         "_synergy",
     )
 
@@ -71,9 +103,13 @@ class ProfilePerformanceModel:
         pollux: Mapping[str, PolluxProfile] | None = None,
         gavel: GavelTable | None = None,
         synergy: SynergyData | None = None,
+        speed_model: str = "grid",
     ) -> None:
         if not profiles:
             raise ValueError("a performance model needs at least one model profile")
+        if speed_model not in SPEED_MODELS:
+            raise ValueError(f"speed_model must be one of {SPEED_MODELS}, got {speed_model!r}")
+        self._speed_model = speed_model
         self._profiles = dict(profiles)
         self._network = network
         self._pollux = dict(pollux or {})
@@ -87,15 +123,17 @@ class ProfilePerformanceModel:
     # ----------------------------------------------------------------- construction
 
     @classmethod
-    def builtin(cls) -> ProfilePerformanceModel:
+    def builtin(cls, speed_model: str = "grid") -> ProfilePerformanceModel:
         """Only the project's own analytic profiles; needs no data directory."""
         profiles, network = load_builtin()
-        return cls(profiles, network)
+        return cls(profiles, network, speed_model=speed_model)
 
     @classmethod
-    def from_data_dir(cls, path: str | Path) -> ProfilePerformanceModel:
+    def from_data_dir(cls, path: str | Path, speed_model: str = "grid") -> ProfilePerformanceModel:
         """The built-in profiles, overridden where the research data in ``path`` covers
-        a model (``profiles/pollux``, ``profiles/gavel``, ``profiles/synergy``).
+        a model (``profiles/pollux``, ``profiles/gavel``, ``profiles/synergy``). The
+        models of Synergy's ``models.json`` that no built-in model is named after become
+        models of their own (see :func:`synergy_profile`).
 
         Missing files keep the built-in values; malformed ones raise ``ValueError``
         naming the file and the line or key at fault.
@@ -115,7 +153,11 @@ class ProfilePerformanceModel:
         synergy_json = profiles_dir / "synergy" / "models.json"
         gavel = read_gavel(gavel_json) if gavel_json.is_file() else None
         synergy = read_synergy(synergy_json) if synergy_json.is_file() else None
-        return cls(profiles, network, pollux, gavel, synergy)
+        if synergy is not None:
+            for name, measured in sorted(synergy.models.items()):
+                if name not in profiles and name in synergy.grids:
+                    profiles[name] = synergy_profile(name, measured, profiles)
+        return cls(profiles, network, pollux, gavel, synergy, speed_model)
 
     # ----------------------------------------------------------------- introspection
 
@@ -273,6 +315,18 @@ class ProfilePerformanceModel:
         value = self._mem_cache[key] = p.mem_base_mb + p.mem_per_sample_mb * per_gpu_batch
         return value
 
+    @property
+    def speed_model(self) -> str:
+        return self._speed_model
+
+    def cpu_mem_demand(self, model: str) -> CpuMemDemand:
+        p = self.profile(model)
+        if self._synergy is not None and p.synergy_model is not None:
+            found = self._synergy.models.get(p.synergy_model)
+            if found is not None and p.synergy_model in self._synergy.grids:
+                return found.demand
+        return p.cpu_mem
+
     def cpu_mem_speedup(
         self, model: str, gpus: int, cpus_per_gpu: float, mem_gb_per_gpu: float
     ) -> float:
@@ -287,11 +341,71 @@ class ProfilePerformanceModel:
             if not value >= 0 or not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         speedup = None
-        if self._synergy is not None and p.synergy_model is not None:
+        if self._speed_model == "binary":
+            speedup = self._binary_speedup(model, gpus, cpus_per_gpu, mem_gb_per_gpu)
+        elif self._synergy is not None and p.synergy_model is not None:
             speedup = self._synergy.speedup(p.synergy_model, gpus, cpus_per_gpu, mem_gb_per_gpu)
-        # the analytic profiles assume the GPU-proportional share is always enough
-        result = self._speed_cache[key] = 1.0 if speedup is None else speedup
-        return result
+        if speedup is None:
+            speedup = p.cpu_mem_speedup(cpus_per_gpu, mem_gb_per_gpu)
+        self._speed_cache[key] = speedup
+        return speedup
+
+    def _binary_speedup(
+        self, model: str, gpus: int, cpus_per_gpu: float, mem_gb_per_gpu: float
+    ) -> float:
+        """The artifact's speed: the best case with at least its (server-capped) vector
+        per GPU, else the fair-share speed."""
+        fair_cpus, fair_mem = self._fair_share()
+        best = demand_on_node(
+            self.cpu_mem_demand(model),
+            gpus,
+            node_cpus=BINARY_SERVER_GPUS * fair_cpus,
+            node_gpus=BINARY_SERVER_GPUS,
+            fair_cpus_per_gpu=fair_cpus,
+            fair_mem_gb_per_gpu=fair_mem,
+        )
+        reached = (
+            cpus_per_gpu >= best.cpus_per_gpu - _SLACK
+            and mem_gb_per_gpu >= best.mem_gb_per_gpu - _SLACK
+        )
+        return best.speedup if reached else 1.0
+
+    def _fair_share(self) -> tuple[float, float]:
+        if self._synergy is not None:
+            return self._synergy.fair_cpus, self._synergy.fair_mem_gb
+        return FAIR_CPUS_PER_GPU, FAIR_MEM_GB_PER_GPU
+
+
+#: CPU/memory a binary allocation may fall short of its vector by: float rounding of a
+#: whole job's allocation divided by its GPUs
+_SLACK = 1e-9
+
+
+def synergy_profile(
+    name: str, synergy: SynergyModel, builtin: Mapping[str, ModelProfile]
+) -> ModelProfile:
+    """A model known only to Synergy: its iteration time at the fair share spread over
+    its batch (no fixed part), and GPU memory, GPU pressure and gradient size from the
+    built-in model standing in for it (one mapped to it, else the first of its category)."""
+    category = SYNERGY_CATEGORIES.get(name, "image")
+    mapped = [p for p in builtin.values() if p.synergy_model == name]
+    same_category = [p for p in builtin.values() if p.category == category]
+    stand_in = (mapped or same_category or list(builtin.values()))[0]
+    return ModelProfile(
+        name=name,
+        category=category,
+        default_batch_size=synergy.batch_size,
+        t0_s=0.0,
+        per_sample_s=synergy.iter_time_s / synergy.batch_size,
+        mem_base_mb=stand_in.mem_base_mb,
+        mem_per_sample_mb=stand_in.mem_per_sample_mb,
+        intensity=stand_in.intensity,
+        comm_mb=stand_in.comm_mb,
+        cpu_mem_class=stand_in.cpu_mem_class,
+        gavel_type=stand_in.gavel_type if mapped else None,
+        synergy_model=name,
+        cpu_mem=synergy.demand,
+    )
 
 
 def _effective_intensity(profile: ModelProfile, sub_batch: float) -> float:
@@ -300,9 +414,11 @@ def _effective_intensity(profile: ModelProfile, sub_batch: float) -> float:
     return profile.intensity * (0.7 + 0.3 * ratio)
 
 
-def load_performance_model(data_dir: str | Path | None) -> ProfilePerformanceModel:
+def load_performance_model(
+    data_dir: str | Path | None, speed_model: str = "grid"
+) -> ProfilePerformanceModel:
     """The ground truth: built-in profiles alone (``None``), or overridden by the
-    research data in ``data_dir``."""
+    research data in ``data_dir``; ``speed_model`` as in :data:`SPEED_MODELS`."""
     if data_dir is None:
-        return ProfilePerformanceModel.builtin()
-    return ProfilePerformanceModel.from_data_dir(data_dir)
+        return ProfilePerformanceModel.builtin(speed_model)
+    return ProfilePerformanceModel.from_data_dir(data_dir, speed_model)

@@ -15,6 +15,7 @@ Implementations cache: these calls sit on the simulator's hot path.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from libs.core.shape import JobShape
@@ -30,6 +31,44 @@ class UnknownModelError(KeyError):
 
     def __str__(self) -> str:
         return f"unknown model {self.model!r}; known models: {', '.join(sorted(self.known))}"
+
+
+@dataclass(frozen=True, slots=True)
+class CpuMemDemand:
+    """A model's best-case CPU/memory demand on one GPU (Synergy's optimistic profile):
+    the CPU cores and host memory per GPU at which its throughput peaks, and the
+    speed-up that gives over the GPU-proportional share."""
+
+    cpus_per_gpu: float
+    mem_gb_per_gpu: float
+    speedup: float
+
+
+def demand_on_node(
+    demand: CpuMemDemand,
+    gpus: int,
+    node_cpus: float,
+    node_gpus: int,
+    fair_cpus_per_gpu: float,
+    fair_mem_gb_per_gpu: float,
+) -> CpuMemDemand:
+    """The best-case demand of a job of ``gpus`` GPUs on servers of ``node_cpus`` CPUs and
+    ``node_gpus`` GPUs, as Synergy scales it: the 1-GPU vector per GPU; where the job's
+    CPUs would exceed the server's, capped at the server's and the speed-up scaled down
+    linearly, ``s = 1 + (s_best - 1)(C - f g)/(g c_best - f g)`` (C the server's CPUs, f
+    the fair CPUs per GPU); a job wider than a server gets the fair share (speed-up 1)."""
+    fair = CpuMemDemand(fair_cpus_per_gpu, fair_mem_gb_per_gpu, 1.0)
+    if gpus > node_gpus:
+        return fair
+    wanted = gpus * demand.cpus_per_gpu
+    if wanted <= node_cpus:
+        return demand
+    above_fair = wanted - gpus * fair_cpus_per_gpu
+    room = node_cpus - gpus * fair_cpus_per_gpu
+    if above_fair <= 0 or room <= 0:
+        return fair
+    speedup = 1.0 + (demand.speedup - 1.0) * room / above_fair
+    return CpuMemDemand(node_cpus / gpus, demand.mem_gb_per_gpu, speedup)
 
 
 @runtime_checkable
@@ -70,4 +109,9 @@ class PerformanceModel(Protocol):
         self, model: str, gpus: int, cpus_per_gpu: float, mem_gb_per_gpu: float
     ) -> float:
         """Throughput relative to the GPU-proportional CPU and memory share (1.0 there)."""
+        ...
+
+    def cpu_mem_demand(self, model: str) -> CpuMemDemand:
+        """The 1-GPU best-case CPU/memory vector of ``model`` and its speed-up over the
+        GPU-proportional share."""
         ...

@@ -49,6 +49,10 @@ class JobView:
     #: running only: when its current run began
     started_at: float = 0.0
     preemptions: int = 0
+    #: running only: CPU cores and host memory GB the whole job holds; None: the
+    #: GPU-proportional share of its nodes
+    cpus: float | None = None
+    mem_gb: float | None = None
 
     @property
     def running(self) -> bool:
@@ -89,6 +93,10 @@ class Snapshot:
     max_jobs_per_gpu: int = 2
     #: the queue sort ``pending`` follows; "arrival" is the order jobs (re)joined the queue
     queue_order: str = "arrival"
+    #: CPU cores and host memory GB in use on every node (running jobs' allocations, the
+    #: GPU-proportional share for jobs without one); empty: the driver does not track them
+    node_cpus_used: tuple[float, ...] = ()
+    node_mem_used: tuple[float, ...] = ()
     #: the same queued jobs in further orders the driver keeps, by ``QueueSort`` name (a
     #: policy names the ones it can use in ``extra_sorts``); a driver may give none
     orders: Mapping[str, tuple[JobView, ...]] = field(default_factory=dict, compare=False)

@@ -15,7 +15,7 @@ from typing import Any
 from libs.common.schemas import JobRecord, NodeInfo, Placement
 from libs.core.cluster import Cluster, Node
 from libs.core.lifecycle import JobState
-from libs.core.perf import PerformanceModel
+from libs.core.perf import CpuMemDemand, PerformanceModel
 from libs.core.shape import JobShape
 from libs.core.snapshot import JobView, Snapshot
 from services.scheduler.policies.base import Policy
@@ -51,6 +51,9 @@ class ScaledModel:
         self, model: str, gpus: int, cpus_per_gpu: float, mem_gb_per_gpu: float
     ) -> float:
         return self.inner.cpu_mem_speedup(model, gpus, cpus_per_gpu, mem_gb_per_gpu)
+
+    def cpu_mem_demand(self, model: str) -> CpuMemDemand:
+        return self.inner.cpu_mem_demand(model)
 
 
 class Phase(enum.StrEnum):

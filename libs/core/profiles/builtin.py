@@ -6,11 +6,17 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from libs.core.perf import CpuMemDemand
+
 CATEGORIES = ("image", "language", "speech", "recommendation", "rl")
+#: the GPU-proportional share the built-in CPU/memory sensitivity is relative to
+#: (Synergy's: 24 CPUs and 500 GB for 8 GPUs)
+FAIR_CPUS_PER_GPU = 3.0
+FAIR_MEM_GB_PER_GPU = 62.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,9 +35,34 @@ class ModelProfile:
     cpu_mem_class: str
     gavel_type: str | None
     synergy_model: str | None
+    #: the best-case CPU/memory vector of ``cpu_mem_class`` (our own numbers)
+    cpu_mem: CpuMemDemand = field(
+        default_factory=lambda: CpuMemDemand(FAIR_CPUS_PER_GPU, FAIR_MEM_GB_PER_GPU, 1.0)
+    )
 
     def compute_s(self, per_gpu_batch: float) -> float:
         return self.t0_s + self.per_sample_s * per_gpu_batch
+
+    def cpu_mem_speedup(self, cpus_per_gpu: float, mem_gb_per_gpu: float) -> float:
+        """Speed-up over the fair share: rises linearly from 1 at the fair share to the
+        best case at the best-case vector, limited by the scarcer of the two resources;
+        no slowdown below the fair share (the analytic profiles have nothing to say
+        there)."""
+        best = self.cpu_mem
+        if best.speedup <= 1.0:
+            return 1.0
+        reached = min(
+            _fraction(cpus_per_gpu, FAIR_CPUS_PER_GPU, best.cpus_per_gpu),
+            _fraction(mem_gb_per_gpu, FAIR_MEM_GB_PER_GPU, best.mem_gb_per_gpu),
+        )
+        return 1.0 + (best.speedup - 1.0) * reached
+
+
+def _fraction(value: float, fair: float, best: float) -> float:
+    """How far ``value`` has come from ``fair`` to ``best`` (0..1; 1 when best <= fair)."""
+    if best <= fair:
+        return 1.0
+    return min(1.0, max(0.0, (value - fair) / (best - fair)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +100,30 @@ def _builtin_field(name: str, entry: Mapping[str, Any], field: str, kind: type) 
     return value
 
 
-def _parse_builtin_model(name: str, entry: Mapping[str, Any]) -> ModelProfile:
+def _parse_cpu_mem_classes(document: Mapping[str, Any]) -> dict[str, CpuMemDemand]:
+    classes = {}
+    for name, entry in (document.get("cpu_mem_classes") or {}).items():
+        values: list[float] = []
+        for key in _DEMAND_FIELDS:
+            value = entry.get(key) if isinstance(entry, dict) else None
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                value = math.nan
+            values.append(float(value))
+        if not all(math.isfinite(v) and v > 0 for v in values):
+            raise ValueError(
+                f"builtin/profiles.json: cpu_mem_classes {name!r}: expected "
+                f"{', '.join(_DEMAND_FIELDS)} as finite numbers > 0"
+            )
+        classes[name] = CpuMemDemand(*values)
+    return classes
+
+
+_DEMAND_FIELDS = ("best_cpus_per_gpu", "best_mem_gb_per_gpu", "speedup")
+
+
+def _parse_builtin_model(
+    name: str, entry: Mapping[str, Any], classes: Mapping[str, CpuMemDemand]
+) -> ModelProfile:
     def num(field: str) -> float:
         value = float(_builtin_field(name, entry, field, float))
         if not math.isfinite(value) or value < 0:
@@ -82,6 +136,12 @@ def _parse_builtin_model(name: str, entry: Mapping[str, Any]) -> ModelProfile:
     def optional_str(field: str) -> str | None:
         return None if entry.get(field) is None else str(_builtin_field(name, entry, field, str))
 
+    cpu_mem_class = _builtin_field(name, entry, "cpu_mem_class", str)
+    if cpu_mem_class not in classes:
+        raise ValueError(
+            f"builtin/profiles.json: model {name!r}, field 'cpu_mem_class': "
+            f"expected one of {sorted(classes)}, got {cpu_mem_class!r}"
+        )
     profile = ModelProfile(
         name=name,
         category=_builtin_field(name, entry, "category", str),
@@ -92,9 +152,10 @@ def _parse_builtin_model(name: str, entry: Mapping[str, Any]) -> ModelProfile:
         mem_per_sample_mb=num("mem_per_sample_mb"),
         intensity=num("intensity"),
         comm_mb=num("comm_mb"),
-        cpu_mem_class=_builtin_field(name, entry, "cpu_mem_class", str),
+        cpu_mem_class=cpu_mem_class,
         gavel_type=optional_str("gavel_type"),
         synergy_model=optional_str("synergy_model"),
+        cpu_mem=classes[cpu_mem_class],
     )
     _check_builtin_model(profile)
     return profile
@@ -125,7 +186,9 @@ def load_builtin() -> tuple[dict[str, ModelProfile], Network]:
         inter_node_gb_per_s=float(net["inter_node_gb_per_s"]),
         inter_node_latency_s=float(net["inter_node_latency_s"]),
     )
+    classes = _parse_cpu_mem_classes(document)
     profiles = {
-        name: _parse_builtin_model(name, entry) for name, entry in document["models"].items()
+        name: _parse_builtin_model(name, entry, classes)
+        for name, entry in document["models"].items()
     }
     return profiles, network

@@ -7,10 +7,11 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from libs.core.perf import CpuMemDemand
 from libs.core.profiles.files import finite_rate, load_json
 
 #: Synergy's GPU-proportional share per GPU, used when models.json does not state one
@@ -47,11 +48,24 @@ def _bracket(axis: tuple[float, ...], x: float) -> tuple[int, float]:
 
 
 @dataclass(frozen=True, slots=True)
+class SynergyModel:
+    """What Synergy profiled of one model on one GPU besides its grid."""
+
+    #: the best-case vector and its speed-up (``best_*``, ``speedup_at_best``)
+    demand: CpuMemDemand
+    #: seconds per iteration of ``batch_size`` at the fair share
+    iter_time_s: float
+    batch_size: int
+
+
+@dataclass(frozen=True, slots=True)
 class SynergyData:
     #: Synergy model name -> GPU count profiled -> grid
     grids: Mapping[str, Mapping[int, SynergyGrid]]
     fair_cpus: float
     fair_mem_gb: float
+    #: Synergy model name -> its 1-GPU profile (models without one are left out)
+    models: Mapping[str, SynergyModel] = field(default_factory=dict)
 
     def speedup(self, synergy_model: str, gpus: int, cpus: float, mem_gb: float) -> float | None:
         by_gpus = self.grids.get(synergy_model)
@@ -135,6 +149,38 @@ def _read_synergy_model(
     return grids
 
 
+def _number(path: Path, where: str, cell: Mapping[str, Any], key: str) -> float | None:
+    value = cell.get(key)
+    if value is None:
+        return None
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not value > 0 or not math.isfinite(value):
+        raise ValueError(
+            f"{path}: {where}, field {key!r}: expected a finite number > 0, got {value!r}"
+        )
+    return float(value)
+
+
+def _read_one_gpu_profile(
+    path: Path, name: str, entry: Any, mem_axis: tuple[float, ...]
+) -> SynergyModel | None:
+    """The 1-GPU best case and iteration time; a best-case memory of null (Synergy's
+    "any") is the smallest memory profiled."""
+    cell = entry.get("1") if isinstance(entry, dict) else None
+    if not isinstance(cell, dict):
+        return None
+    where = f"model {name!r}, gpus '1'"
+    cpus = _number(path, where, cell, "best_cpu_per_gpu")
+    mem = _number(path, where, cell, "best_mem_gb_per_gpu")
+    speedup = _number(path, where, cell, "speedup_at_best")
+    iter_s = _number(path, where, cell, "iter_time_s_at_fair_share")
+    batch = _number(path, where, cell, "batch_size")
+    if cpus is None or speedup is None or iter_s is None or batch is None:
+        return None
+    demand = CpuMemDemand(cpus, mem_axis[0] if mem is None else mem, speedup)
+    return SynergyModel(demand, iter_s, max(1, round(batch)))
+
+
 def read_synergy(path: Path) -> SynergyData:
     document = load_json(path)
     if not isinstance(document, dict) or not isinstance(document.get("models"), dict):
@@ -146,8 +192,13 @@ def read_synergy(path: Path) -> SynergyData:
         name: _read_synergy_model(path, name, entry, cpu_axis, mem_axis)
         for name, entry in document["models"].items()
     }
+    profiles = {
+        name: _read_one_gpu_profile(path, name, entry, mem_axis)
+        for name, entry in document["models"].items()
+    }
     return SynergyData(
         grids,
         fair_cpus=float(fair.get("cpu", SYNERGY_FAIR_CPUS)),
         fair_mem_gb=float(fair.get("mem_gb", SYNERGY_FAIR_MEM_GB)),
+        models={name: found for name, found in profiles.items() if found is not None},
     )
