@@ -9,6 +9,7 @@ from services.scheduler.policies.base import Policy
 from services.scheduler.policies.preemptive import Srtf, Tiresias
 from services.scheduler.policies.simple import Fifo, FifoBackfill, Sjf
 from services.scheduler.policies.sjf_bsbf import SjfBsbf
+from services.scheduler.policies.synergy import SYNERGY_POLICIES
 
 POLICIES: dict[str, Callable[[], Policy]] = {
     "fifo": Fifo,
@@ -18,6 +19,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "tiresias": Tiresias,
     "sjf-ffs": lambda: SjfBsbf(benefit_test=False, name="sjf-ffs"),
     "sjf-bsbf": SjfBsbf,
+    **SYNERGY_POLICIES,
 }
 
 
