@@ -3,7 +3,8 @@
 `materialize` turns `TraceJob`s (what a trace says) into `JobSpec`s (what the
 simulator runs): it gives model-less jobs a model drawn from a seeded mix, fills in
 batch sizes, and converts run times into iteration counts with a performance model.
-`synthetic` generates a trace of Poisson arrivals with lognormal run times.
+`synthetic` generates a trace of Poisson arrivals with lognormal run times;
+`synergy_trace` generates Synergy's workload.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 
 from libs.core.cluster import Cluster
+from libs.core.groundtruth import SYNERGY_CATEGORIES
 from libs.core.jobs import JobSpec
 from libs.core.perf import PerformanceModel
 from libs.core.traces import TraceJob, write_native
@@ -21,9 +23,18 @@ __all__ = [
     "CATEGORY_WEIGHTS",
     "MODEL_CATEGORIES",
     "MODEL_MIX",
+    "PHILLY_LIKE_GPUS",
+    "SYNERGY_PREFIX",
+    "in_id_range",
+    "job_number",
     "materialize",
     "mix_from_categories",
+    "parse_id_range",
     "parse_mix",
+    "synergy_count",
+    "synergy_jobs",
+    "synergy_models",
+    "synergy_trace",
     "synthetic",
     "write_native",
 ]
@@ -269,3 +280,143 @@ def _check_synthetic(
         raise ValueError("gpu_choices needs at least one positive weight")
     if not (median > 0 and sigma >= 0):
         raise ValueError("duration_median_s must be > 0 and duration_sigma >= 0")
+
+
+# ------------------------------------------------------------ Synergy's workload
+
+#: the GPU counts ``synergy_trace(multigpu=True)`` draws from, Philly-like (as `synthetic`)
+PHILLY_LIKE_GPUS: Sequence[tuple[int, float]] = ((1, 0.7), (2, 0.1), (4, 0.1), (8, 0.1))
+#: the prefix of ``--trace synergy:N``
+SYNERGY_PREFIX = "synergy:"
+
+
+def synergy_models(perf: PerformanceModel) -> dict[str, tuple[str, ...]]:
+    """The models of Synergy's workload by class (image, language, speech): Synergy's own
+    (``profiles/synergy/models.json``) where ``perf`` knows them, else the built-in
+    models of each class it knows."""
+    known = set(perf.models())
+    own = {
+        cls: tuple(sorted(m for m, c in SYNERGY_CATEGORIES.items() if c == cls and m in known))
+        for cls in CATEGORY_WEIGHTS
+    }
+    if all(own.values()):
+        return own
+    builtin = {
+        cls: tuple(m for m in MODEL_CATEGORIES[cls] if m in known) for cls in CATEGORY_WEIGHTS
+    }
+    missing = [cls for cls, models in builtin.items() if not models]
+    if missing:
+        raise ValueError(f"the performance model has no {', '.join(missing)} model")
+    return builtin
+
+
+def synergy_duration_s(rng: random.Random) -> float:
+    """Synergy's run times: with probability 0.8 ``60 x 10^U(1.5, 3)`` s, else
+    ``60 x 10^U(3, 4)`` s."""
+    low, high = (1.5, 3.0) if rng.random() < 0.8 else (3.0, 4.0)
+    return 60.0 * 10 ** rng.uniform(low, high)
+
+
+def synergy_trace(
+    n_jobs: int,
+    *,
+    seed: int,
+    arrival_rate_per_h: float,
+    models_by_class: Mapping[str, Sequence[str]],
+    multigpu: bool = False,
+) -> list[TraceJob]:
+    """Synergy's workload: Poisson arrivals at ``arrival_rate_per_h``, run times from
+    `synergy_duration_s`, each job's class drawn with the (20, 70, 10) split of image,
+    language and speech and its model the next of that class round robin; one GPU per
+    job, or Philly-like counts with ``multigpu``. Job ids are 0, 1, ... (Synergy measures
+    ids 4000-4999). The same arguments always give the same trace."""
+    _check_synthetic(n_jobs, arrival_rate_per_h, PHILLY_LIKE_GPUS, 1.0, 0.0)
+    rng = random.Random(seed)
+    classes = tuple(CATEGORY_WEIGHTS)
+    class_weights = tuple(_running_sum(CATEGORY_WEIGHTS[c] for c in classes))
+    sizes = tuple(g for g, _ in PHILLY_LIKE_GPUS)
+    size_weights = tuple(_running_sum(w for _, w in PHILLY_LIKE_GPUS))
+    next_of = dict.fromkeys(classes, 0)
+    rate_per_s = arrival_rate_per_h / 3600
+    jobs, now = [], 0.0
+    for i in range(n_jobs):
+        if i:
+            now += rng.expovariate(rate_per_s)
+        cls = rng.choices(classes, cum_weights=class_weights)[0]
+        models = models_by_class[cls]
+        model = models[next_of[cls] % len(models)]
+        next_of[cls] += 1
+        gpus = rng.choices(sizes, cum_weights=size_weights)[0] if multigpu else 1
+        jobs.append(
+            TraceJob(
+                job_id=str(i),
+                submit_time=now,
+                gpus=gpus,
+                model=model,
+                duration_s=synergy_duration_s(rng),
+                line=i + 1,
+            )
+        )
+    return jobs
+
+
+def synergy_count(trace: str) -> int | None:
+    """N of ``synergy:N``; None for any other trace."""
+    if not trace.startswith(SYNERGY_PREFIX):
+        return None
+    text = trace[len(SYNERGY_PREFIX) :]
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"--trace {trace!r}: expected synergy:N with N >= 1 jobs")
+    return int(text)
+
+
+def synergy_jobs(
+    n_jobs: int,
+    perf: PerformanceModel,
+    *,
+    seed: int,
+    arrival_rate_per_h: float,
+    multigpu: bool = False,
+    cluster: Cluster | None = None,
+) -> tuple[list[JobSpec], str]:
+    """`synergy_trace` made runnable on ``cluster``, and a line saying what it is."""
+    by_class = synergy_models(perf)
+    trace = synergy_trace(
+        n_jobs,
+        seed=seed,
+        arrival_rate_per_h=arrival_rate_per_h,
+        models_by_class=by_class,
+        multigpu=multigpu,
+    )
+    models = ", ".join(f"{cls} {'/'.join(ms)}" for cls, ms in by_class.items())
+    note = (
+        f"synergy: {n_jobs} jobs, Poisson arrivals at {arrival_rate_per_h:g}/h, "
+        f"{'Philly-like GPU counts' if multigpu else '1 GPU each'}, seed {seed}; {models}"
+    )
+    return materialize(trace, perf, seed=seed, cluster=cluster), note
+
+
+def parse_id_range(spec: str) -> range:
+    """``4000-4999`` (both ends included) or a single ``4000``."""
+    low, sep, high = spec.strip().partition("-")
+    try:
+        first = int(low)
+        last = int(high) if sep else first
+    except ValueError:
+        raise ValueError(f"expected a job id range such as 4000-4999, got {spec!r}") from None
+    if first < 0 or last < first:
+        raise ValueError(
+            f"expected a job id range FIRST-LAST with 0 <= FIRST <= LAST, got {spec!r}"
+        )
+    return range(first, last + 1)
+
+
+def job_number(job_id: str) -> int | None:
+    """The number a job id ends in (``4000``, ``syn-4000``), None if it ends in none."""
+    digits = len(job_id) - len(job_id.rstrip("0123456789"))
+    return int(job_id[-digits:]) if digits else None
+
+
+def in_id_range(job_id: str, ids: range) -> bool:
+    number = job_number(job_id)
+    return number is not None and number in ids

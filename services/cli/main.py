@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -24,9 +25,16 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from libs.core.perf import UnknownModelError
+from libs.core.cluster import Cluster
+from libs.core.perf import PerformanceModel, UnknownModelError
 from libs.core.traces import TraceError
-from libs.core.workload import parse_mix
+from libs.core.workload import (
+    in_id_range,
+    parse_id_range,
+    parse_mix,
+    synergy_count,
+    synergy_jobs,
+)
 from services.cli.live import register as register_live_commands
 from services.cli.serve import register as register_service_commands
 from services.scheduler.policies import POLICIES, UnknownPolicyError, make_policy
@@ -37,6 +45,7 @@ from services.scheduler.runner import (
     InputError,
     ProgressCallback,
     ProgressFactory,
+    Workload,
     build_cluster,
     build_models,
     check_policies,
@@ -147,6 +156,19 @@ def simulate(
             "than this factor (>= 1; default: no cap, the rule as specified)."
         ),
     ] = None,
+    multigpu: Annotated[
+        bool,
+        typer.Option(
+            "--multigpu", help="--trace synergy:N jobs take Philly-like GPU counts, not 1 each."
+        ),
+    ] = False,
+    measure_ids: Annotated[
+        str | None,
+        typer.Option(
+            help="Report only the jobs whose ids end in a number in FIRST-LAST "
+            "(e.g. 4000-4999, as Synergy measures); all jobs still run."
+        ),
+    ] = None,
 ) -> None:
     """Replay a trace under one or more policies; print a table and write outputs."""
     out_console, err_console = _consoles()
@@ -159,7 +181,8 @@ def simulate(
         _check_out(out)
         built = build_cluster(cluster_spec, data_dir)
         truth, estimates = build_models(data_dir, prediction_error, seed)
-        workload = load_workload(
+        measured = _measure_ids(measure_ids)
+        workload = _synergy_workload(source, truth, seed, rate, multigpu, built) or load_workload(
             source,
             fmt.value if fmt else None,
             truth,
@@ -189,6 +212,8 @@ def simulate(
         _fail(err_console, str(exc))
     except PolicyViolation as exc:  # a policy bug, not a user mistake: exit 1
         _fail(err_console, f"policy broke a cluster invariant: {exc}", code=1)
+    if measured is not None:
+        results = [_measured(r, measured) for r in results]
     out_console.print(summary_table(results))
     _write(out_console, err_console, results, out)
 
@@ -230,6 +255,33 @@ def _trace_source(trace: str | None, synthetic_jobs: int | None) -> str:
     if trace is None:
         raise InputError(f"give --trace PATH (or {SYNTHETIC_PREFIX}N) or --synthetic N")
     return trace
+
+
+def _synergy_workload(
+    source: str, perf: PerformanceModel, seed: int, rate: float, multigpu: bool, cluster: Cluster
+) -> Workload | None:
+    """Synergy's generated workload for ``synergy:N``, None for any other trace."""
+    try:
+        count = synergy_count(source)
+        if count is None:
+            return None
+        jobs, note = synergy_jobs(
+            count, perf, seed=seed, arrival_rate_per_h=rate, multigpu=multigpu, cluster=cluster
+        )
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    return Workload(jobs, [note])
+
+
+def _measure_ids(spec: str | None) -> range | None:
+    try:
+        return None if spec is None else parse_id_range(spec)
+    except ValueError as exc:
+        raise InputError(f"--measure-ids: {exc}") from None
+
+
+def _measured(result: SimResult, ids: range) -> SimResult:
+    return replace(result, jobs=tuple(j for j in result.jobs if in_id_range(j.job_id, ids)))
 
 
 def _cluster_spec(cluster: str | None, nodes_file: Path | None) -> str:
