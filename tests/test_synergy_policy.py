@@ -4,7 +4,9 @@ CPUs, 62.5 GB), and its invariants on random cluster states."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import product
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +17,7 @@ from libs.core.perf import CpuMemDemand
 from libs.core.snapshot import JobView, Snapshot
 from services.scheduler.policies import POLICIES, make_policy
 from services.scheduler.policies.synergy import LAS_ORDER, SynergyTune, las_key
+from services.scheduler.synergy_opt import opt_jobs, synergy_opt
 from tests.builders import TablePerf
 
 FAIR_CPUS, FAIR_MEM = 3.0, 62.5
@@ -303,3 +306,32 @@ def test_tune_keeps_nodes_within_their_cpus_and_memory_and_everyone_at_least_fai
     for job in snap.pending:
         if job.job_id not in {s.job_id for s in decision.starts}:
             assert decision.why(job.job_id)
+
+
+# ------------------------------------------------------------------ OPT
+
+
+def test_opt_matches_brute_force_on_a_tiny_instance() -> None:
+    cpu_axis, mem_axis = (1.0, 3.0, 6.0), (20.0, 62.5, 100.0)
+    jobs = opt_jobs(
+        PERF, [("x", "a", 1), ("y", "a", 2), ("z", "b", 1), ("w", "c", 1)], cpu_axis, mem_axis
+    )
+    total_cpus, total_mem = 20.0, 400.0
+    best = -1.0
+    for choice in product(*(sorted(j.throughput) for j in jobs)):
+        cpus = sum(c * j.gpus for (c, _), j in zip(choice, jobs, strict=True))
+        mem = sum(m * j.gpus for (_, m), j in zip(choice, jobs, strict=True))
+        gains = [j.throughput[cell] for cell, j in zip(choice, jobs, strict=True)]
+        if cpus <= total_cpus and mem <= total_mem and min(gains) >= 1.0:
+            best = max(best, sum(gains))
+    result = synergy_opt(jobs, total_cpus, total_mem)
+    assert result.total_throughput == pytest.approx(best)
+    # the cells it chose fit and give that total
+    assert sum(c * j.gpus for j in jobs for c in [result.cells[j.job_id][0]]) <= total_cpus
+    assert sum(j.throughput[result.cells[j.job_id]] for j in jobs) == pytest.approx(best)
+
+
+def test_opt_refuses_when_fair_shares_do_not_fit() -> None:
+    jobs = opt_jobs(PERF, [("x", "a", 1)], (1.0, 3.0), (62.5,))
+    with pytest.raises(ValueError):
+        synergy_opt(jobs, 2.0, 100.0)

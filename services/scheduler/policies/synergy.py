@@ -377,8 +377,11 @@ class SynergyTune:
             )
             for h in (held[job_id] for job_id in started)
         )
+        # shrinking first, so that a driver applying them in order never overcommits a
+        # node on the way (a raise may use what a drop frees)
         changed = sorted(
-            job_id for job_id, old in before.items() if _differs(held[job_id].alloc, old)
+            (job_id for job_id, old in before.items() if _differs(held[job_id].alloc, old)),
+            key=lambda job_id: (not _shrinks(held[job_id].alloc, before[job_id]), job_id),
         )
         reallocations = tuple(
             Reallocate(
@@ -402,9 +405,12 @@ def _differs(a: Vector, b: Vector) -> bool:
     return abs(a.cpus - b.cpus) > EPS or abs(a.mem_gb - b.mem_gb) > EPS
 
 
+def _shrinks(new: Vector, old: Vector) -> bool:
+    return new.cpus <= old.cpus + EPS and new.mem_gb <= old.mem_gb + EPS
+
+
 def _realloc_reason(h: _Held, old: Vector) -> str:
-    down = h.alloc.cpus <= old.cpus and h.alloc.mem_gb <= old.mem_gb
-    verb = "down to its fair share" if down else "up to its best case"
+    verb = "down to its fair share" if _shrinks(h.alloc, old) else "up to its best case"
     return (
         f"{verb}: {h.alloc.cpus:g} CPUs, {h.alloc.mem_gb:g} GB "
         f"(was {old.cpus:g} CPUs, {old.mem_gb:g} GB)"
