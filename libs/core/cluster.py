@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from itertools import accumulate
 
@@ -40,6 +41,16 @@ class Node:
             raise ValueError(f"node {self.name}: gpus must be >= 0, got {self.gpus}")
         if self.gpu_mem_mb <= 0:
             raise ValueError(f"node {self.name}: gpu_mem_mb must be > 0, got {self.gpu_mem_mb}")
+
+    @property
+    def fair_cpus_per_gpu(self) -> float:
+        """The GPU-proportional share of CPU cores one GPU of this node comes with."""
+        return self.cpus / self.gpus if self.gpus else 0.0
+
+    @property
+    def fair_mem_gb_per_gpu(self) -> float:
+        """The GPU-proportional share of host memory one GPU of this node comes with."""
+        return self.host_mem_gb / self.gpus if self.gpus else 0.0
 
 
 @dataclass(frozen=True)
@@ -108,6 +119,37 @@ class Cluster:
         gpu_node = self.gpu_node
         return len({gpu_node[g] for g in gpu_ids})
 
+    def gpus_by_node(self, gpu_ids: tuple[int, ...]) -> dict[int, int]:
+        """How many of ``gpu_ids`` each node holds, by node index, in first-seen order."""
+        gpu_node = self.gpu_node
+        counts: dict[int, int] = {}
+        for gpu in gpu_ids:
+            node = gpu_node[gpu]
+            counts[node] = counts.get(node, 0) + 1
+        return counts
+
+    def proportional_share(self, gpu_ids: tuple[int, ...]) -> tuple[float, float]:
+        """CPU cores and host memory GB that ``gpu_ids`` come with, summed over nodes."""
+        cpus = mem = 0.0
+        for node, count in self.gpus_by_node(gpu_ids).items():
+            cpus += self.nodes[node].fair_cpus_per_gpu * count
+            mem += self.nodes[node].fair_mem_gb_per_gpu * count
+        return cpus, mem
+
+    def with_host_resources(self, cpus: int | None, host_mem_gb: float | None) -> Cluster:
+        """The same cluster with every node's CPU cores and host memory set (None keeps
+        a node's own)."""
+        return Cluster(
+            tuple(
+                replace(
+                    node,
+                    cpus=node.cpus if cpus is None else cpus,
+                    host_mem_gb=node.host_mem_gb if host_mem_gb is None else host_mem_gb,
+                )
+                for node in self.nodes
+            )
+        )
+
     @classmethod
     def uniform(
         cls,
@@ -149,3 +191,115 @@ class Cluster:
                 f"{gpus:,} GPUs per node; at most {MAX_SPEC_GPUS_PER_NODE:,} are supported"
             )
         return cls.uniform(nodes, gpus, gpu_mem_mb)
+
+
+#: a job's GPUs, CPU cores and host memory GB (None: the GPU-proportional share)
+Allocation = tuple[tuple[int, ...], float | None, float | None]
+
+
+class HostUse:
+    """CPU cores and host memory in use per node, changed job by job. Explicit
+    allocations add up; the GPU-proportional share goes with a GPU, so the jobs that
+    share one GPU without an allocation of their own count its share once.
+
+    It starts from per-node totals (``base_cpus``, ``base_mem``) and ``base_holders``,
+    how many jobs hold the proportional share of a GPU there; only the nodes and GPUs
+    touched since are copied, so a change costs its own size, not the cluster's."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        base_cpus: Sequence[float] | None = None,
+        base_mem: Sequence[float] | None = None,
+        base_holders: Callable[[int], int] | None = None,
+    ) -> None:
+        self.cluster = cluster
+        #: without a base, the totals are this object's own lists, changed in place
+        self._owned = base_cpus is None or base_mem is None
+        self._owned_cpus = [0.0] * len(cluster.nodes) if self._owned else []
+        self._owned_mem = [0.0] * len(cluster.nodes) if self._owned else []
+        self._base_cpus = self._owned_cpus if base_cpus is None else base_cpus
+        self._base_mem = self._owned_mem if base_mem is None else base_mem
+        self._base_holders = base_holders or (lambda gpu: 0)
+        self._cpus: dict[int, float] = {}
+        self._mem: dict[int, float] = {}
+        #: jobs with the proportional share on each GPU touched
+        self._holders: dict[int, int] = {}
+
+    @classmethod
+    def of_jobs(cls, cluster: Cluster, jobs: Iterable[Allocation]) -> HostUse:
+        use = cls(cluster)
+        for gpu_ids, cpus, mem_gb in jobs:
+            use.add(gpu_ids, cpus, mem_gb, +1)
+        return use
+
+    def cpus(self, node_index: int) -> float:
+        return self._cpus.get(node_index, self._base_cpus[node_index])
+
+    def mem(self, node_index: int) -> float:
+        return self._mem.get(node_index, self._base_mem[node_index])
+
+    def all_cpus(self) -> tuple[float, ...]:
+        if self._owned:
+            return tuple(self._owned_cpus)
+        return tuple(self.cpus(n) for n in range(len(self.cluster.nodes)))
+
+    def all_mem(self) -> tuple[float, ...]:
+        if self._owned:
+            return tuple(self._owned_mem)
+        return tuple(self.mem(n) for n in range(len(self.cluster.nodes)))
+
+    def _shift(self, node_index: int, cpus: float, mem_gb: float) -> None:
+        if self._owned:
+            self._owned_cpus[node_index] += cpus
+            self._owned_mem[node_index] += mem_gb
+            return
+        self._cpus[node_index] = self.cpus(node_index) + cpus
+        self._mem[node_index] = self.mem(node_index) + mem_gb
+
+    def add(
+        self, gpu_ids: tuple[int, ...], cpus: float | None, mem_gb: float | None, sign: int
+    ) -> None:
+        """Count (``sign`` +1) or uncount (-1) a job's allocation on ``gpu_ids``."""
+        cluster = self.cluster
+        if cpus is None and mem_gb is None:
+            for gpu in gpu_ids:
+                before = self._holders.get(gpu)
+                if before is None:
+                    before = self._base_holders(gpu)
+                after = self._holders[gpu] = before + sign
+                if (before == 0) != (after == 0):
+                    node_index = cluster.gpu_node[gpu]
+                    node = cluster.nodes[node_index]
+                    self._shift(
+                        node_index, sign * node.fair_cpus_per_gpu, sign * node.fair_mem_gb_per_gpu
+                    )
+            return
+        for node_index, count in cluster.gpus_by_node(gpu_ids).items():
+            node = cluster.nodes[node_index]
+            part = count / len(gpu_ids)
+            own_cpus = node.fair_cpus_per_gpu * count if cpus is None else cpus * part
+            own_mem = node.fair_mem_gb_per_gpu * count if mem_gb is None else mem_gb * part
+            self._shift(node_index, sign * own_cpus, sign * own_mem)
+
+    def overcommitted(self, job_id: str, gpu_ids: tuple[int, ...]) -> list[str]:
+        """What the nodes of ``gpu_ids`` hold beyond their CPUs or memory, as problems
+        of giving ``job_id`` its allocation."""
+        problems = []
+        for node_index in self.cluster.gpus_by_node(gpu_ids):
+            node = self.cluster.nodes[node_index]
+            cpus, mem = self.cpus(node_index), self.mem(node_index)
+            if cpus > node.cpus + HOST_SLACK:
+                problems.append(
+                    f"gave {job_id} CPUs beyond node {node.name}'s: {cpus:g} > {node.cpus:g}"
+                )
+            if mem > node.host_mem_gb + HOST_SLACK:
+                problems.append(
+                    f"gave {job_id} host memory beyond node {node.name}'s: "
+                    f"{mem:g} GB > {node.host_mem_gb:g} GB"
+                )
+        return problems
+
+
+#: CPU cores or host GB a node may appear to exceed by: float rounding of the sums
+HOST_SLACK = 1e-6

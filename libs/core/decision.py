@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from libs.core.cluster import HostUse
 from libs.core.perf import PerformanceModel
 from libs.core.snapshot import JobView, Snapshot
 
@@ -94,6 +96,9 @@ class _Shape:
 class _Held:
     gpu_ids: tuple[int, ...]
     mem_mb: float
+    #: the job's CPU cores and host memory GB; None: the GPU-proportional share
+    cpus: float | None = None
+    mem_gb: float | None = None
 
 
 class _Booking:
@@ -110,6 +115,11 @@ class _Booking:
         #: jobs whose state the decision changed: held GPUs, or None once they wait again
         self.held: dict[str, _Held | None] = {}
         self.shapes: dict[str, _Shape] = {}
+        #: CPU and host memory per node, built on the first start or reallocation
+        self.host: HostUse | None = None
+        self._holders: dict[int, int] | None = None
+        if snapshot.node_cpus_used and snapshot.node_mem_used:
+            self.host_use()
 
     # ---- what the snapshot says, as changed so far ----------------------------------
     def view(self, job_id: str) -> JobView | None:
@@ -145,7 +155,45 @@ class _Booking:
             return held
         view = self.snapshot.job(job_id)
         per_gpu = view.batch_size / (view.gpus * max(1, view.accum_steps))
-        return _Held(view.gpu_ids, self.memory.gpu_memory_mb(view.model, per_gpu))
+        mem_mb = self.memory.gpu_memory_mb(view.model, per_gpu)
+        return _Held(view.gpu_ids, mem_mb, view.cpus, view.mem_gb)
+
+    def host_use(self) -> HostUse:
+        """Per-node CPU and host memory as the decision has changed them so far: from
+        the snapshot's totals where the driver gives them, else summed over its jobs."""
+        if self.host is None:
+            snapshot = self.snapshot
+            if snapshot.node_cpus_used and snapshot.node_mem_used:
+                # built before the first change, so every change goes through it
+                self.host = HostUse(
+                    snapshot.cluster,
+                    snapshot.node_cpus_used,
+                    snapshot.node_mem_used,
+                    self._snapshot_share_holders,
+                )
+            else:
+                jobs = [
+                    (view.gpu_ids, view.cpus, view.mem_gb)
+                    for view in snapshot.running
+                    if view.job_id not in self.held
+                ]
+                jobs.extend(
+                    (h.gpu_ids, h.cpus, h.mem_gb) for h in self.held.values() if h is not None
+                )
+                self.host = HostUse.of_jobs(snapshot.cluster, jobs)
+        return self.host
+
+    def _snapshot_share_holders(self, gpu: int) -> int:
+        """Running jobs of the snapshot holding the proportional share of ``gpu``."""
+        if not self.snapshot.gpu_load[gpu]:
+            return 0
+        if self._holders is None:
+            self._holders = {}
+            for view in self.snapshot.running:
+                if view.cpus is None and view.mem_gb is None:
+                    for held in view.gpu_ids:
+                        self._holders[held] = self._holders.get(held, 0) + 1
+        return self._holders.get(gpu, 0)
 
     def gpu_residents(self, gpu: int) -> list[str]:
         """The jobs on a GPU now; read from the snapshot only for a GPU a start would
@@ -172,6 +220,8 @@ class _Booking:
     # ---- changes --------------------------------------------------------------------
     def release(self, job_id: str) -> None:
         held = self.held_by(job_id)
+        if self.host is not None:
+            self.host.add(held.gpu_ids, held.cpus, held.mem_gb, -1)
         for gpu in held.gpu_ids:
             residents = self.residents.get(gpu)
             if residents is not None:
@@ -187,6 +237,30 @@ class _Booking:
             self.load[gpu] = self.gpu_load(gpu) + 1
             self.mem_used[gpu] = self.gpu_mem(gpu) + mem_mb
         self.held[job_id] = _Held(gpu_ids, mem_mb)
+
+    def allocate(self, job_id: str, cpus: float | None, mem_gb: float | None) -> list[str]:
+        """Give a job that holds its GPUs (just placed, or running) this CPU/memory
+        allocation; refused, and left as it was, where a node would go beyond its own."""
+        problems = [
+            f"gave {job_id} {value!r} {what}"
+            for what, value in (("CPUs", cpus), ("GB of host memory", mem_gb))
+            if value is not None and not (value >= 0 and math.isfinite(value))
+        ]
+        if problems:
+            return problems
+        held = self.held_by(job_id)
+        host = self.host_use()
+        if cpus == held.cpus and mem_gb == held.mem_gb:
+            return host.overcommitted(job_id, held.gpu_ids)
+        host.add(held.gpu_ids, held.cpus, held.mem_gb, -1)
+        host.add(held.gpu_ids, cpus, mem_gb, +1)
+        problems = host.overcommitted(job_id, held.gpu_ids)
+        if problems:
+            host.add(held.gpu_ids, cpus, mem_gb, -1)
+            host.add(held.gpu_ids, held.cpus, held.mem_gb, +1)
+            return problems
+        self.held[job_id] = _Held(held.gpu_ids, held.mem_mb, cpus, mem_gb)
+        return []
 
     # ---- the actions ----------------------------------------------------------------
     def preempt(self, preempt: Preempt) -> list[str]:
@@ -226,7 +300,15 @@ class _Booking:
         problems.extend(self._gpu_problems(job_id, shape, gpu_ids, mem))
         if not problems and mem is not None:
             self.place(job_id, gpu_ids, mem)
+            if self.host is not None:
+                self.host.add(gpu_ids, None, None, +1)
+            problems.extend(self.allocate(job_id, start.cpus, start.mem_gb))
         return problems
+
+    def reallocate(self, reallocate: Reallocate) -> list[str]:
+        if not self.is_running(reallocate.job_id):
+            return [f"reallocated {reallocate.job_id}, which is not running"]
+        return self.allocate(reallocate.job_id, reallocate.cpus, reallocate.mem_gb)
 
     def _gpu_problems(
         self, job_id: str, shape: _Shape, gpu_ids: tuple[int, ...], mem: float | None
@@ -279,4 +361,6 @@ def decision_problems(
         problems.extend(booking.resize(resize))
     for start in decision.starts:
         problems.extend(booking.start(start))
+    for reallocate in decision.reallocations:
+        problems.extend(booking.reallocate(reallocate))
     return problems

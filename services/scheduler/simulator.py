@@ -16,8 +16,8 @@ from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from libs.core.cluster import Cluster
-from libs.core.decision import Decision, Resize, Start, decision_problems
+from libs.core.cluster import Cluster, HostUse
+from libs.core.decision import Decision, Reallocate, Resize, Start, decision_problems
 from libs.core.jobs import JobSpec
 from libs.core.lifecycle import JobState
 from libs.core.perf import PerformanceModel
@@ -32,7 +32,7 @@ from services.scheduler.results import (
     TimelinePoint,
 )
 
-ARRIVAL, FINISH, WAKE = 0, 1, 2
+ARRIVAL, FINISH, WAKE, ROUND = 0, 1, 2, 3
 #: completion is declared when this few iterations remain, absorbing float rounding
 ITER_EPSILON = 1e-6
 
@@ -49,18 +49,25 @@ class SimConfig:
     max_jobs_per_gpu: int = 2
     #: most points kept in the result's timeline
     timeline_points: int = 2_000
+    #: call the policy every this many seconds even when nothing happens (a round-based
+    #: policy re-plans CPU/memory then); None: only when jobs arrive or finish
+    round_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.restart_overhead_s < 0:
             raise ValueError("restart_overhead_s must be >= 0")
         if self.max_jobs_per_gpu < 1:
             raise ValueError("max_jobs_per_gpu must be >= 1")
+        if self.round_s is not None and not (self.round_s > 0 and math.isfinite(self.round_s)):
+            raise ValueError(f"round_s must be a finite number > 0, got {self.round_s!r}")
 
 
 class SimJob:
     __slots__ = (
         "accum",
         "attained",
+        "cpu_mem_speedup",
+        "cpus",
         "est_iter",
         "exclusive_iter",
         "finish_time",
@@ -68,6 +75,7 @@ class SimJob:
         "gpu_ids",
         "iter_time",
         "last_settle",
+        "mem_gb",
         "mem_mb",
         "overhead_left",
         "preemptions",
@@ -93,6 +101,11 @@ class SimJob:
         self.gpu_ids: tuple[int, ...] = ()
         self.accum = 1
         self.mem_mb = 0.0
+        #: CPU cores and host memory GB held while running; None: the proportional share
+        self.cpus: float | None = None
+        self.mem_gb: float | None = None
+        #: speed at that allocation over the speed at the proportional share
+        self.cpu_mem_speedup = 1.0
         self.iter_time = math.inf
         self.overhead_left = 0.0
         self.last_settle = 0.0
@@ -171,6 +184,7 @@ class Simulator:
         self.gpu_load = [0] * g
         self.gpu_mem_used = [0.0] * g
         self.node_free = [n.gpus for n in cluster.nodes]
+        self.host = HostUse(cluster)
         self.busy_gpus = 0
         self.busy_gpu_s = 0.0
         self.clock = 0.0
@@ -180,6 +194,7 @@ class Simulator:
         self.decisions = 0
         self.preemptions = 0
         self.resizes = 0
+        self.reallocations = 0
         self.shared_pairs = 0
         self.done = 0
         self.last_decision: Decision | None = None
@@ -198,20 +213,27 @@ class Simulator:
         origin = self.specs[0].submit_time if self.specs else 0.0
         self.clock = origin
         total = len(self.specs)
+        round_s = self.config.round_s
+        if round_s is not None and self.specs:
+            self._push(origin, ROUND)
         events = self.events
         while events:
             now = events[0][0]
             self._advance(now)
-            changed = False
+            changed = round_due = False
             while events and events[0][0] == now:
                 _, _, kind, job_id, version = heapq.heappop(events)
                 if kind == ARRIVAL:
                     changed |= self._arrive(job_id)
                 elif kind == FINISH:
                     changed |= self._finish(job_id, version)
-                else:
+                elif kind == WAKE:
                     changed |= version == self.wake_version
-            if changed and self.pending:
+                else:
+                    round_due = True
+            if round_due and round_s is not None and self.done < total:
+                self._push(now + round_s, ROUND)
+            if (changed and self.pending) or (round_due and (self.pending or self.running)):
                 self._decide(now)
             self._record(now)
             if self.progress is not None and (self.done & 1023) == 0:
@@ -290,6 +312,8 @@ class Simulator:
             accum_steps=job.accum if running else 1,
             progress_rate=job.est_iter / job.iter_time if running else 0.0,
             started_at=job.started_at if running else 0.0,
+            cpus=job.cpus if running else None,
+            mem_gb=job.mem_gb if running else None,
         )
 
     def _settle(self, job: SimJob) -> None:
@@ -320,7 +344,7 @@ class Simulator:
                         slowdown,
                         truth.colocation_slowdown(spec.shape(job.accum), o.shape(other.accum)),
                     )
-        job.iter_time = alone * slowdown
+        job.iter_time = alone * slowdown / job.cpu_mem_speedup
         job.version += 1
         job.view = self._view(job)
         self.running[spec.job_id] = job.view
@@ -362,6 +386,9 @@ class Simulator:
 
     def _release(self, job: SimJob) -> list[SimJob]:
         partners = self._partners(job)
+        self.host.add(job.gpu_ids, job.cpus, job.mem_gb, -1)
+        job.cpus = job.mem_gb = None
+        job.cpu_mem_speedup = 1.0
         node_of = self.cluster.gpu_node
         for gpu in job.gpu_ids:
             self.gpu_residents[gpu].remove(job)
@@ -387,6 +414,8 @@ class Simulator:
             gpu_load=tuple(self.gpu_load),
             gpu_mem_used=tuple(self.gpu_mem_used),
             node_free=tuple(self.node_free),
+            node_cpus_used=self.host.all_cpus(),
+            node_mem_used=self.host.all_mem(),
             estimates=self.estimates,
             max_jobs_per_gpu=self.config.max_jobs_per_gpu,
             queue_order=self.queue.order,
@@ -408,6 +437,8 @@ class Simulator:
             self._resize(resize)
         for start in decision.starts:
             self._start(start)
+        for reallocate in decision.reallocations:
+            self._reallocate(reallocate)
         if decision.wake_at is not None and decision.wake_at > now:
             self.wake_version += 1
             self._push(decision.wake_at, WAKE, "", self.wake_version)
@@ -459,6 +490,8 @@ class Simulator:
         job.gpu_ids = start.gpu_ids
         job.accum = start.accum_steps
         job.mem_mb = mem
+        self.host.add(start.gpu_ids, None, None, +1)
+        self._allocate(job, start.cpus, start.mem_gb)
         job.last_settle = self.clock
         job.started_at = self.clock
         job.queue_total += self.clock - job.queued_since
@@ -484,6 +517,38 @@ class Simulator:
             other.shared = True
             self._settle(other)
             self._retime(other)
+        self._retime(job)
+
+    def _allocate(self, job: SimJob, cpus: float | None, mem_gb: float | None) -> None:
+        """Give a job that holds its GPUs a CPU/memory allocation, and the speed it
+        brings: the ground truth's speed-up at it over the one at the proportional share
+        of its GPUs (exactly 1 for jobs given that share, whatever the cluster)."""
+        if cpus is None and mem_gb is None and job.cpus is None and job.mem_gb is None:
+            return
+        self.host.add(job.gpu_ids, job.cpus, job.mem_gb, -1)
+        self.host.add(job.gpu_ids, cpus, mem_gb, +1)
+        job.cpus, job.mem_gb = cpus, mem_gb
+        job.cpu_mem_speedup = 1.0
+        if cpus is None and mem_gb is None:
+            return
+        gpus = len(job.gpu_ids)
+        fair_cpus, fair_mem = self.cluster.proportional_share(job.gpu_ids)
+        model = job.spec.model
+        at_allocation = self.truth.cpu_mem_speedup(
+            model,
+            gpus,
+            (fair_cpus if cpus is None else cpus) / gpus,
+            (fair_mem if mem_gb is None else mem_gb) / gpus,
+        )
+        at_fair = self.truth.cpu_mem_speedup(model, gpus, fair_cpus / gpus, fair_mem / gpus)
+        job.cpu_mem_speedup = at_allocation / at_fair
+
+    def _reallocate(self, reallocate: Reallocate) -> None:
+        """A running job's new CPU/memory: its speed changes from now, nothing else."""
+        job = self.jobs[reallocate.job_id]
+        self._settle(job)
+        self._allocate(job, reallocate.cpus, reallocate.mem_gb)
+        self.reallocations += 1
         self._retime(job)
 
     # ---- results --------------------------------------------------------------------

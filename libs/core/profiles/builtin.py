@@ -44,18 +44,17 @@ class ModelProfile:
         return self.t0_s + self.per_sample_s * per_gpu_batch
 
     def cpu_mem_speedup(self, cpus_per_gpu: float, mem_gb_per_gpu: float) -> float:
-        """Speed-up over the fair share: rises linearly from 1 at the fair share to the
-        best case at the best-case vector, limited by the scarcer of the two resources;
-        no slowdown below the fair share (the analytic profiles have nothing to say
-        there)."""
+        """Speed-up over the fair share: 1 there, the best case at the best-case vector.
+        CPUs feed the input pipeline, so the gain grows linearly with them; memory
+        (caching the data set) scales it, from half the gain at the fair memory to all
+        of it at the best case. No slowdown below the fair share: the analytic profiles
+        have nothing to say there."""
         best = self.cpu_mem
         if best.speedup <= 1.0:
             return 1.0
-        reached = min(
-            _fraction(cpus_per_gpu, FAIR_CPUS_PER_GPU, best.cpus_per_gpu),
-            _fraction(mem_gb_per_gpu, FAIR_MEM_GB_PER_GPU, best.mem_gb_per_gpu),
-        )
-        return 1.0 + (best.speedup - 1.0) * reached
+        cpus = _fraction(cpus_per_gpu, FAIR_CPUS_PER_GPU, best.cpus_per_gpu)
+        mem = _fraction(mem_gb_per_gpu, FAIR_MEM_GB_PER_GPU, best.mem_gb_per_gpu)
+        return 1.0 + (best.speedup - 1.0) * cpus * (0.5 + 0.5 * mem)
 
 
 def _fraction(value: float, fair: float, best: float) -> float:
