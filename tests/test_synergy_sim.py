@@ -4,13 +4,17 @@ node within its CPUs and memory, and the simulate options that set it up."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import pytest
+from click.testing import Result
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
 from libs.core.cluster import Cluster, Node
 from libs.core.decision import Decision, Reallocate, Start, decision_problems
@@ -18,6 +22,8 @@ from libs.core.groundtruth import load_performance_model
 from libs.core.jobs import JobSpec
 from libs.core.perf import CpuMemDemand, demand_on_node
 from libs.core.snapshot import Snapshot
+from services.cli.main import app
+from services.scheduler.runner import build_cluster
 from services.scheduler.simulator import SimConfig, simulate
 from tests.builders import TablePerf, pending, running, snapshot
 
@@ -326,3 +332,105 @@ def test_the_simulator_never_lets_a_node_exceed_its_cpus_or_memory(
         for node, used_cpus, used_mem in zip(snap.cluster.nodes, cpus, mem, strict=True):
             assert used_cpus <= node.cpus + 1e-6
             assert used_mem <= node.host_mem_gb + 1e-6
+
+
+# ------------------------------------------------------------------ Synergy's own models
+
+DATA_DIR = Path(__file__).parents[2] / "shared" / "data"
+SYNERGY_MODELS = ("alexnet", "deepspeech", "gnmt", "lstm", "m5", "mobilenet", "res18", "res50",
+                  "shufflenet", "vae")  # fmt: skip
+
+
+def test_with_the_data_dir_the_simulator_knows_synergys_models_by_their_own_names():
+    if not (DATA_DIR / "profiles" / "synergy" / "models.json").is_file():
+        pytest.skip(f"research data not found at {DATA_DIR}")
+    truth = load_performance_model(DATA_DIR)
+    assert set(SYNERGY_MODELS) <= set(truth.models())
+    assert not set(SYNERGY_MODELS) & set(TRUTH.models())
+    res18 = truth.cpu_mem_demand("res18")
+    assert (res18.cpus_per_gpu, res18.mem_gb_per_gpu, res18.speedup) == (9.0, 62.5, 2.4)
+    assert truth.cpu_mem_speedup("res18", 1, 9.0, 62.5) == pytest.approx(2.4, rel=0.01)
+    # its iteration time at the fair share, as Synergy measured it
+    assert truth.iteration_time("res18", 512, 1, 1) == pytest.approx(0.64)
+
+
+def test_every_builtin_model_has_a_cpu_memory_sensitivity_of_the_projects_own():
+    for model in TRUTH.models():
+        demand = TRUTH.cpu_mem_demand(model)
+        assert demand.speedup >= 1.0
+        speedup = TRUTH.cpu_mem_speedup(model, 1, demand.cpus_per_gpu, demand.mem_gb_per_gpu)
+        assert speedup == pytest.approx(demand.speedup)
+    assert TRUTH.cpu_mem_demand(SENSITIVE).speedup > 1.0
+
+
+# ------------------------------------------------------------------ simulate's options
+
+runner = CliRunner()
+
+
+def simulate_cli(tmp_path: Path, *options: str) -> Result:
+    return runner.invoke(
+        app, ["simulate", "--synthetic", "4", "--cluster", "2x8", "-p", "fifo",
+              "--out", str(tmp_path / "out"), *options],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (("--cpus-per-node", "0"), "--cpus-per-node"),
+        (("--cpus-per-node", "-3"), "--cpus-per-node"),
+        (("--mem-gb-per-node", "0"), "--mem-gb-per-node"),
+        (("--mem-gb-per-node", "-1.5"), "--mem-gb-per-node"),
+        (("--round-s", "0"), "--round-s"),
+        (("--round-s", "-300"), "--round-s"),
+    ],
+)
+def test_a_bad_cpu_memory_or_round_option_is_a_one_line_error_naming_it(
+    tmp_path: Path, options: tuple[str, ...], named: str
+):
+    result = simulate_cli(tmp_path, *options)
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1
+    assert lines[0].startswith(f"error: {named}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unknown_speed_model_is_refused_naming_the_option(tmp_path: Path):
+    result = simulate_cli(tmp_path, "--speed-model", "fancy")
+    assert result.exit_code == 2
+    assert "--speed-model" in result.output
+
+
+def test_the_summary_records_the_cpu_memory_and_round_settings(tmp_path: Path):
+    result = simulate_cli(tmp_path, "--cpus-per-node", "24", "--mem-gb-per-node", "500",
+                          "--speed-model", "binary", "--round-s", "300")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["settings"] == {
+        "cpus_per_node": 24,
+        "mem_gb_per_node": 500.0,
+        "speed_model": "binary",
+        "round_s": 300.0,
+    }
+    assert summary["policies"]["fifo"]["finished"] == 4
+
+
+def test_without_the_options_the_summary_records_the_defaults(tmp_path: Path):
+    result = simulate_cli(tmp_path)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["settings"] == {
+        "cpus_per_node": None,
+        "mem_gb_per_node": None,
+        "speed_model": "grid",
+        "round_s": None,
+    }
+
+
+def test_the_node_options_set_every_nodes_cpus_and_memory():
+    cluster = build_cluster("2x8", None, 24, 500.0)
+    assert {(n.cpus, n.host_mem_gb) for n in cluster.nodes} == {(24, 500.0)}
+    assert cluster.nodes[0].fair_cpus_per_gpu == 3.0
+    assert cluster.nodes[0].fair_mem_gb_per_gpu == 62.5

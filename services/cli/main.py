@@ -25,7 +25,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from libs.core.cluster import Cluster
+from libs.core.cluster import DEFAULT_CPUS_PER_GPU, DEFAULT_HOST_MEM_GB_PER_GPU, Cluster
 from libs.core.perf import PerformanceModel, UnknownModelError
 from libs.core.traces import TraceError
 from libs.core.workload import (
@@ -49,6 +49,7 @@ from services.scheduler.runner import (
     build_cluster,
     build_models,
     check_policies,
+    check_round_s,
     load_workload,
     run_policies,
 )
@@ -60,6 +61,14 @@ USAGE_EXIT = 2
 DEFAULT_CLUSTER = "64x8"
 #: below this width rich squeezes the results table into unreadable wrapped cells
 MIN_TABLE_WIDTH = 160
+
+
+class SpeedModel(StrEnum):
+    """How a job's CPU/memory allocation sets its speed; mirrors
+    `libs.core.groundtruth.SPEED_MODELS`."""
+
+    grid = "grid"
+    binary = "binary"
 
 
 class TraceFormat(StrEnum):
@@ -169,6 +178,35 @@ def simulate(
             "(e.g. 4000-4999, as Synergy measures); all jobs still run."
         ),
     ] = None,
+    cpus_per_node: Annotated[
+        int | None,
+        typer.Option(
+            help="CPU cores of every node (default: the cluster's own, "
+            f"{DEFAULT_CPUS_PER_GPU} a GPU for NODESxGPUS)."
+        ),
+    ] = None,
+    mem_gb_per_node: Annotated[
+        float | None,
+        typer.Option(
+            help="Host memory GB of every node (default: the cluster's own, "
+            f"{DEFAULT_HOST_MEM_GB_PER_GPU:g} a GPU for NODESxGPUS)."
+        ),
+    ] = None,
+    speed_model: Annotated[
+        SpeedModel,
+        typer.Option(
+            help="How CPU/memory allocations set speed: grid (read from Synergy's "
+            "throughput grids, or the built-in sensitivity) or binary (Synergy's artifact: "
+            "the best-case speed-up only with the whole best-case vector)."
+        ),
+    ] = SpeedModel.grid,
+    round_s: Annotated[
+        float | None,
+        typer.Option(
+            help="Call the policy every S seconds even when no job arrives or finishes "
+            "(rounds in which a policy may re-plan CPU/memory). Default: only on events."
+        ),
+    ] = None,
 ) -> None:
     """Replay a trace under one or more policies; print a table and write outputs."""
     out_console, err_console = _consoles()
@@ -178,9 +216,10 @@ def simulate(
         job_mix = _parse_mix(mix)
         # fail before a long trace load
         names = check_policies(_policy_names(policy), max_resident_slowdown)
+        check_round_s(round_s)
         _check_out(out)
-        built = build_cluster(cluster_spec, data_dir)
-        truth, estimates = build_models(data_dir, prediction_error, seed)
+        built = build_cluster(cluster_spec, data_dir, cpus_per_node, mem_gb_per_node)
+        truth, estimates = build_models(data_dir, prediction_error, seed, speed_model.value)
         measured = _measure_ids(measure_ids)
         workload = _synergy_workload(source, truth, seed, rate, multigpu, built) or load_workload(
             source,
@@ -196,7 +235,7 @@ def simulate(
         )
         for note in workload.notes:
             err_console.print(Text(note, style="dim"), soft_wrap=True)
-        config = SimConfig(restart_overhead_s=restart_overhead)
+        config = SimConfig(restart_overhead_s=restart_overhead, round_s=round_s)
         with _progress_bars(err_console) as progress:
             results = run_policies(
                 workload.jobs,
@@ -215,12 +254,24 @@ def simulate(
     if measured is not None:
         results = [_measured(r, measured) for r in results]
     out_console.print(summary_table(results))
-    _write(out_console, err_console, results, out)
+    settings: dict[str, object] = {
+        "cpus_per_node": cpus_per_node,
+        "mem_gb_per_node": mem_gb_per_node,
+        "speed_model": speed_model.value,
+        "round_s": round_s,
+    }
+    _write(out_console, err_console, results, out, settings)
 
 
-def _write(out_console: Console, err_console: Console, results: list[SimResult], out: Path) -> None:
+def _write(
+    out_console: Console,
+    err_console: Console,
+    results: list[SimResult],
+    out: Path,
+    settings: dict[str, object],
+) -> None:
     try:
-        paths = write_outputs(results, out)
+        paths = write_outputs(results, out, settings)
     except OSError as exc:
         _fail(err_console, f"cannot write outputs to {out}: {exc.strerror or exc}")
     names = ", ".join(p.name for p in paths)

@@ -10,7 +10,7 @@ import csv
 import json
 import math
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +54,15 @@ _MINUTE, _HOUR, _DAY = 60.0, 3_600.0, 86_400.0
 # ------------------------------------------------------------------------------ JSON
 
 
-def summary_json(results: Sequence[SimResult]) -> dict[str, Any]:
-    """``{"policies": {name: summary}}`` with NaN (no finished job) as None (JSON null)."""
-    return {"policies": {r.policy: _json_safe(r.summary()) for r in results}}
+def summary_json(
+    results: Sequence[SimResult], settings: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """``{"policies": {name: summary}}`` with NaN (no finished job) as None (JSON null),
+    and the run's ``settings`` (``"settings"``) where given."""
+    summary: dict[str, Any] = {"policies": {r.policy: _json_safe(r.summary()) for r in results}}
+    if settings is not None:
+        summary["settings"] = dict(settings)
+    return summary
 
 
 def _json_safe(summary: dict[str, Any]) -> dict[str, Any]:
@@ -87,12 +93,18 @@ def output_problem(out_dir: str | Path) -> str | None:
     return None
 
 
-def write_outputs(results: Sequence[SimResult], out_dir: str | Path) -> list[Path]:
-    """Write the summary, per-job CSV and plots into ``out_dir``; return the paths."""
+def write_outputs(
+    results: Sequence[SimResult],
+    out_dir: str | Path,
+    settings: Mapping[str, Any] | None = None,
+) -> list[Path]:
+    """Write the summary (with the run's ``settings``), per-job CSV and plots into
+    ``out_dir``; return the paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary = out / SUMMARY_FILE
-    summary.write_text(json.dumps(summary_json(results), indent=2, allow_nan=False) + "\n")
+    text = json.dumps(summary_json(results, settings), indent=2, allow_nan=False)
+    summary.write_text(text + "\n")
     write_jobs_csv(results, out / JOBS_FILE)
     plot_jct_cdf(results, out / JCT_CDF_FILE)
     plot_gpu_util(results, out / GPU_UTIL_FILE)

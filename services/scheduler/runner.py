@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from libs.core.cluster import Cluster
-from libs.core.groundtruth import NoisyEstimates, load_performance_model
+from libs.core.groundtruth import SPEED_MODELS, NoisyEstimates, load_performance_model
 from libs.core.jobs import JobSpec
 from libs.core.perf import PerformanceModel
 from libs.core.traces import LoadedTrace, TraceJob, load_alibaba_nodes, load_trace
@@ -53,9 +53,35 @@ class Workload:
 # ---------------------------------------------------------------------------- cluster
 
 
-def build_cluster(spec: str, data_dir: str | Path | None) -> Cluster:
+def build_cluster(
+    spec: str,
+    data_dir: str | Path | None,
+    cpus_per_node: int | None = None,
+    mem_gb_per_node: float | None = None,
+) -> Cluster:
     """``NODESxGPUS`` (``64x8``), ``alibaba`` (the Alibaba node list in ``data_dir``)
-    or the path of an Alibaba-style node list CSV."""
+    or the path of an Alibaba-style node list CSV; every node then gets
+    ``cpus_per_node`` CPU cores and ``mem_gb_per_node`` GB of host memory where given."""
+    check_host_resources(cpus_per_node, mem_gb_per_node)
+    cluster = _parse_cluster(spec, data_dir)
+    if cpus_per_node is None and mem_gb_per_node is None:
+        return cluster
+    return cluster.with_host_resources(cpus_per_node, mem_gb_per_node)
+
+
+def check_host_resources(cpus_per_node: int | None, mem_gb_per_node: float | None) -> None:
+    if cpus_per_node is not None and not cpus_per_node > 0:
+        raise InputError(f"--cpus-per-node {cpus_per_node}: expected a number of CPUs > 0")
+    if mem_gb_per_node is not None and not (mem_gb_per_node > 0 and math.isfinite(mem_gb_per_node)):
+        raise InputError(f"--mem-gb-per-node {mem_gb_per_node:g}: expected gigabytes > 0")
+
+
+def check_round_s(round_s: float | None) -> None:
+    if round_s is not None and not (round_s > 0 and math.isfinite(round_s)):
+        raise InputError(f"--round-s {round_s:g}: expected seconds > 0")
+
+
+def _parse_cluster(spec: str, data_dir: str | Path | None) -> Cluster:
     text = spec.strip()
     if text.lower() == "alibaba":
         if data_dir is None:
@@ -156,10 +182,18 @@ def _materialize(
 
 
 def build_models(
-    data_dir: str | Path | None, prediction_error: float = 0.0, seed: int = 0
+    data_dir: str | Path | None,
+    prediction_error: float = 0.0,
+    seed: int = 0,
+    speed_model: str = "grid",
 ) -> tuple[PerformanceModel, PerformanceModel | None]:
-    """Ground truth from ``data_dir`` (built-in profiles when None) and, when
-    ``prediction_error`` > 0, estimates that err by that log-normal sigma."""
+    """Ground truth from ``data_dir`` (built-in profiles when None) with its CPU/memory
+    ``speed_model`` (see `SPEED_MODELS`) and, when ``prediction_error`` > 0, estimates
+    that err by that log-normal sigma."""
+    if speed_model not in SPEED_MODELS:
+        raise InputError(
+            f"--speed-model {speed_model!r}: expected one of {', '.join(SPEED_MODELS)}"
+        )
     if not 0 <= prediction_error <= MAX_PREDICTION_ERROR:
         raise InputError(
             f"--prediction-error {prediction_error:g}: expected a log-normal sigma from 0 "
@@ -167,7 +201,7 @@ def build_models(
             f"deviation already misjudges a model {math.exp(MAX_PREDICTION_ERROR):,.0f}-fold)"
         )
     try:
-        truth = load_performance_model(data_dir)
+        truth = load_performance_model(data_dir, speed_model)
     except (OSError, ValueError) as exc:  # missing data folder, malformed profile file
         raise InputError(str(exc)) from None
     if prediction_error == 0:
