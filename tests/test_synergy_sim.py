@@ -223,9 +223,24 @@ def test_a_reallocation_of_a_job_not_running_is_refused():
 def test_a_reallocation_within_the_node_passes_and_one_beyond_it_is_refused():
     snap = small_node_snapshot()
     assert check(snap, reallocations=(Reallocate("r0", 12.0, 100.0),)) == []
+    # reallocations that fit are taken before the starts: here the start finds no room
     assert check(
         snap, starts=(Start("p", (1,)),), reallocations=(Reallocate("r0", 12.0, 25.0),)
-    ) == ["gave r0 CPUs beyond node box's: 15 > 12"]
+    ) == ["gave p CPUs beyond node box's: 15 > 12"]
+
+
+def test_a_victim_dropping_to_its_share_makes_room_for_a_start_in_the_same_decision():
+    snap = small_node_snapshot()
+    assert check(snap, reallocations=(Reallocate("r0", 12.0, 100.0),)) == []
+    # with r0 already at 12 CPUs and 100 GB (all of the node), p fits only once r0 gives
+    # some back
+    node = Cluster((Node("box", 4, 10_000, cpus=12, host_mem_gb=100.0),))
+    r0 = replace(running("r0", 10, (0,)), cpus=12.0, mem_gb=100.0)
+    crowded = snapshot(node, PERF, pending_jobs=[pending("p", 10)], running_jobs=[r0])
+    assert check(crowded, starts=(Start("p", (1,)),)) != []
+    assert check(
+        crowded, starts=(Start("p", (1,)),), reallocations=(Reallocate("r0", 6.0, 25.0),)
+    ) == []
 
 
 def test_jobs_sharing_a_gpu_without_an_allocation_count_its_share_once():

@@ -346,7 +346,7 @@ def decision_problems(
 ) -> list[str]:
     """Why ``decision`` cannot be applied to the cluster ``snapshot`` shows; empty when it
     can. Actions are taken in the order both drivers apply them (preemptions, resizes,
-    starts), each against the GPUs the earlier ones left, so a preempted job may start
+    reallocations, starts), each against the GPUs, CPUs and memory the earlier ones left, so a preempted job may start
     again and two starts may not book one GPU beyond ``snapshot.max_jobs_per_gpu``. A
     resize is a release and a start with the new shape. A job that forbids sharing must
     be alone on its GPUs, and no GPU may hold more memory than it has, as ``memory``
@@ -359,8 +359,12 @@ def decision_problems(
         problems.extend(booking.preempt(preempt))
     for resize in decision.resizes:
         problems.extend(booking.resize(resize))
+    # a reallocation that fits before the starts is taken first (a victim dropping to
+    # its fair share makes the room a start is given); one that fits only once the
+    # starts are in (rare) is tried again after them
+    later = [r for r in decision.reallocations if booking.reallocate(r)]
     for start in decision.starts:
         problems.extend(booking.start(start))
-    for reallocate in decision.reallocations:
+    for reallocate in later:
         problems.extend(booking.reallocate(reallocate))
     return problems
