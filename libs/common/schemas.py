@@ -32,6 +32,9 @@ MAX_BATCH_SIZE = 1_048_576
 MAX_ITERATIONS = 1_000_000_000
 MAX_DATASET_SIZE = 1_000_000_000_000
 #: 2100-01-01T00:00:00Z, the latest deadline a job spec may give
+#: bounds of one node's CPU and host-memory allocation in a command
+MAX_CPUS = 65_536
+MAX_HOST_MEM_GB = 1_048_576
 MAX_DEADLINE = 4_102_444_800.0
 GpuCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_GPUS)]
 BatchSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_BATCH_SIZE)]
@@ -114,6 +117,10 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     #: the global batch and GPU count the job runs with since a resize (None: the spec's)
     batch_size: int | None = None
     gpus: int | None = None
+    #: the CPU cores and host memory (GB) of the whole job's allocation while it runs
+    #: (None: the GPU-proportional share)
+    cpus: float | None = None
+    mem_gb: float | None = None
 
     @property
     def current_spec(self) -> JobSpec:
@@ -215,6 +222,10 @@ GpuIndices = Annotated[list[GpuIndex], msgspec.Meta(min_length=1, max_length=MAX
 #: every accumulation step holds at least one sample of the batch
 AccumSteps = Annotated[int, msgspec.Meta(ge=1, le=MAX_BATCH_SIZE)]
 RunId = PositiveInt
+#: CPU cores of an allocation on one node (fractions allowed: a share of a core)
+CpuCount = Annotated[float, msgspec.Meta(ge=0, le=MAX_CPUS)]
+#: host memory of an allocation on one node, in GB
+HostMemGb = Annotated[float, msgspec.Meta(ge=0, le=MAX_HOST_MEM_GB)]
 StopReason = Literal["preempt", "cancel", "lost"]
 
 
@@ -263,6 +274,10 @@ class StartJob(_CheckedCommand, frozen=True, kw_only=True, tag="start"):
     rendezvous: str = ""
     first_rank: Annotated[int, msgspec.Meta(ge=0)] = 0
     world_size: Annotated[int, msgspec.Meta(ge=0)] = 0
+    #: this node's part of the job's CPU cores and host memory (None: no allocation
+    #: given, the process may use any core)
+    cpus: CpuCount | None = None
+    mem_gb: HostMemGb | None = None
 
 
 class StopJob(_CheckedCommand, frozen=True, kw_only=True, tag="stop"):
@@ -291,8 +306,19 @@ class ResizeJob(_CheckedCommand, frozen=True, kw_only=True, tag="resize"):
     co_runners: list[IdStr] = []
 
 
+class ReallocateJob(_CheckedCommand, frozen=True, kw_only=True, tag="reallocate"):
+    """Change a running run's CPU cores and host memory on this node, without a restart:
+    a process run is pinned to the new cores and told the new memory bound."""
+
+    job_id: IdStr
+    run_id: RunId
+    #: this node's part of the job's new allocation
+    cpus: CpuCount
+    mem_gb: HostMemGb
+
+
 #: what a node agent's command endpoint decodes: a union tagged by ``type``
-Command = StartJob | StopJob | ResizeJob
+Command = StartJob | StopJob | ResizeJob | ReallocateJob
 
 
 class CommandReply(msgspec.Struct, frozen=True):

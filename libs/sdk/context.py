@@ -48,12 +48,18 @@ NODE = "GPUSCHED_NODE"
 RENDEZVOUS = "GPUSCHED_RENDEZVOUS"
 FIRST_RANK = "GPUSCHED_FIRST_RANK"
 WORLD_SIZE = "GPUSCHED_WORLD_SIZE"
+#: the CPU cores the process is pinned to (comma-separated core ids) and the host memory
+#: (GB) it may use, when the scheduler allocated them; a reallocation while the job runs
+#: re-pins the process and rewrites the allocation file (JSON ``{"cpus": [...], "mem_gb": x}``)
+CPUS = "GPUSCHED_CPUS"
+MEM_GB = "GPUSCHED_MEM_GB"
+ALLOCATION_FILE = "GPUSCHED_ALLOCATION_FILE"
 
 #: every variable the node agent sets for a job process (besides CUDA_VISIBLE_DEVICES)
 ENV_VARIABLES = (
     JOB_ID, RUN_ID, MODEL, BATCH_SIZE, ACCUM_STEPS, GPUS, DEVICE, TOTAL_ITERATIONS,
     START_ITERATION, CHECKPOINT_DIR, CHECKPOINT_EVERY, PROGRESS_FILE, NODE, RENDEZVOUS,
-    FIRST_RANK, WORLD_SIZE,
+    FIRST_RANK, WORLD_SIZE, CPUS, MEM_GB, ALLOCATION_FILE,
 )  # fmt: skip
 #: without these a job cannot run or be tracked, so under gpusched their absence is an error
 REQUIRED_UNDER_GPUSCHED = (
@@ -112,6 +118,10 @@ class JobContext:
     rendezvous: str = ""
     first_rank: int = 0
     world_size: int = 0
+    #: the allocated CPU cores (empty: none allocated) and host memory in GB (None: none)
+    cpus: tuple[int, ...] = ()
+    mem_gb: float | None = None
+    allocation_file: Path | None = None
     progress_interval_s: float = DEFAULT_PROGRESS_INTERVAL_S
     monotonic: Callable[[], float] = field(default=time.monotonic, repr=False)
     wall_clock: Callable[[], float] = field(default=time.time, repr=False)
@@ -124,6 +134,7 @@ class JobContext:
     _last_rate: float = field(default=0.0, init=False, repr=False)
     _last_loss: float | None = field(default=None, init=False, repr=False)
     _pending_iteration: int | None = field(default=None, init=False, repr=False)
+    _allocation_stamp: tuple[int, int, int] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.job_id:
@@ -163,6 +174,12 @@ class JobContext:
             raise _field_error("first_rank", FIRST_RANK, f"must be >= 0, got {self.first_rank}")
         if self.world_size < 0:
             raise _field_error("world_size", WORLD_SIZE, f"must be >= 0, got {self.world_size}")
+        if any(core < 0 for core in self.cpus):
+            raise _field_error("cpus", CPUS, f"must be non-negative core ids, got {self.cpus}")
+        if self.mem_gb is not None and not (math.isfinite(self.mem_gb) and self.mem_gb >= 0):
+            raise _field_error("mem_gb", MEM_GB, f"must be a number >= 0, got {self.mem_gb}")
+        if self.allocation_file is not None:
+            self.allocation_file = Path(self.allocation_file)
         if self.progress_interval_s < 0:
             raise ValueError(f"progress_interval_s must be >= 0, got {self.progress_interval_s}")
         self.checkpoint_dir = Path(self.checkpoint_dir)
@@ -207,6 +224,34 @@ class JobContext:
     @property
     def checkpoint_path(self) -> Path:
         return self.checkpoint_dir / CHECKPOINT_FILE_NAME
+
+    @property
+    def cpu_threads(self) -> int:
+        """Compute threads to use: one per allocated core (1 when none are allocated)."""
+        return max(1, len(self.cpus))
+
+    def refresh_allocation(self) -> bool:
+        """Re-read the allocation file if it changed since the last look (a reallocation
+        while the job runs); True when ``cpus`` or ``mem_gb`` changed. One ``stat`` when
+        nothing changed, so it is cheap enough to call every iteration."""
+        if self.allocation_file is None:
+            return False
+        try:
+            status = self.allocation_file.stat()
+            # the agent replaces the file: a new inode even within one clock tick
+            stamp = (status.st_ino, status.st_mtime_ns, status.st_size)
+            if stamp == self._allocation_stamp:
+                return False
+            allocation = json.loads(self.allocation_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False  # not written yet, or being replaced: look again next time
+        self._allocation_stamp = stamp
+        cpus = tuple(int(core) for core in allocation.get("cpus", ()))
+        mem_gb = allocation.get("mem_gb")
+        mem_gb = None if mem_gb is None else float(mem_gb)
+        changed = (cpus, mem_gb) != (self.cpus, self.mem_gb)
+        self.cpus, self.mem_gb = cpus, mem_gb
+        return changed
 
     def torch_device(self) -> str:
         """``"cuda"`` when asked for and available, else ``"cpu"`` (emulated or CPU-only)."""
@@ -331,6 +376,7 @@ class JobContext:
             "gpu_mem_mb": self.memory_mb() if gpu_mem_mb is None else gpu_mem_mb,
             "at": self.wall_clock(),
         }
+        line.update(_cpu_use())
         stream = self._progress_stream
         if stream is None:
             self.progress_file.parent.mkdir(parents=True, exist_ok=True)
@@ -412,6 +458,18 @@ def resident_set_mb() -> float:
 
 #: field -> the job variable ``JobContext.from_env`` reads it from (besides the job id);
 #: unset or empty keeps the default of a run by hand
+def _cpu_use() -> dict[str, Any]:
+    """The cores this process really runs on and torch's thread count (when torch is
+    loaded), so that an allocation can be checked from the progress file."""
+    use: dict[str, Any] = {}
+    if hasattr(os, "sched_getaffinity"):
+        use["affinity"] = sorted(os.sched_getaffinity(0))
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        use["threads"] = torch.get_num_threads()
+    return use
+
+
 ENVIRONMENT: dict[str, Setting[Any]] = {
     "run_id": Setting(RUN_ID, settings.integer()),
     "model": Setting(MODEL, settings.text()),
@@ -427,4 +485,7 @@ ENVIRONMENT: dict[str, Setting[Any]] = {
     "rendezvous": Setting(RENDEZVOUS, settings.text()),
     "first_rank": Setting(FIRST_RANK, settings.integer()),
     "world_size": Setting(WORLD_SIZE, settings.integer()),
+    "cpus": Setting(CPUS, settings.integers(low=0)),
+    "mem_gb": Setting(MEM_GB, settings.number(0)),
+    "allocation_file": Setting(ALLOCATION_FILE, settings.path()),
 }

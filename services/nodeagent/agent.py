@@ -21,7 +21,7 @@ import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 import structlog
@@ -37,6 +37,7 @@ from libs.common.schemas import (
     CommandReply,
     NodeInfo,
     Progress,
+    ReallocateJob,
     ResizeJob,
     StartJob,
     StopJob,
@@ -46,18 +47,20 @@ from libs.core.groundtruth import ProfilePerformanceModel, load_performance_mode
 from services.nodeagent.checks import run_kind, start_problem
 from services.nodeagent.command_service import serve_commands
 from services.nodeagent.config import NodeAgentConfig
+from services.nodeagent.cores import machine_cores, pick_cores, real_cores
 from services.nodeagent.exits import PUBLISH_TIMEOUT_S, ExitOutbox, job_exit
 from services.nodeagent.gpus import GpuInventory, discover, read_nvml
 from services.nodeagent.job_contract import process_plan
 from services.nodeagent.metrics import metrics
 from services.nodeagent.reporting import Reporter
-from services.nodeagent.residents import Run, RunKind, co_runners
+from services.nodeagent.residents import Run, RunKind, co_runners, cores_taken
 from services.nodeagent.resize import answer_without_resizing, resize_problem, resized
 from services.nodeagent.runs import (
     STDERR_DRAIN_S,
     ProcessProgress,
     ProcessRun,
     ProcessStarted,
+    ReallocateRun,
     RunEnd,
     RunEnded,
     StopRun,
@@ -124,6 +127,8 @@ class AgentSnapshot:
     #: job ids whose JobExit JetStream has not stored yet
     undelivered_exits: tuple[str, ...]
     registered: bool
+    #: job id -> the node's CPU cores allocated to its run (runs with an allocation only)
+    cores: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 class NodeAgent(Actor[AgentMessage]):
@@ -168,6 +173,8 @@ class NodeAgent(Actor[AgentMessage]):
         self._closing = False
         self._stopped_all: asyncio.Future[None] | None = None
         self._metrics = metrics()
+        #: the machine's cores the node's (possibly emulated) cores map onto
+        self._machine_cores = machine_cores()
 
     # ---- public ---------------------------------------------------------------------
     @property
@@ -376,6 +383,8 @@ class NodeAgent(Actor[AgentMessage]):
                             answer = await self._stop(command)
                         case ResizeJob():
                             answer = await self._resize(command)
+                        case ReallocateJob():
+                            answer = self._reallocate(command)
                 except Exception as exc:
                     self.log.exception("command failed", job_id=command.job_id)
                     answer = CommandReply(False, f"node agent error: {exc!r}")
@@ -418,6 +427,7 @@ class NodeAgent(Actor[AgentMessage]):
                         running={r.job_id: r.run_id for r in self._runs.values()},
                         undelivered_exits=self._exits.undelivered,
                         registered=self._registered,
+                        cores={r.job_id: r.cores for r in self._runs.values() if r.cores},
                     )
                 )
 
@@ -464,6 +474,11 @@ class NodeAgent(Actor[AgentMessage]):
             if error:
                 return CommandReply(False, error)
         self._runs[start.job_id] = run
+        if start.cpus is not None:
+            run.cores = pick_cores(
+                start.cpus, cores_taken(self._runs.values(), start.job_id), self.config.cpus
+            )
+        run.mem_gb = start.mem_gb
         self._metrics.runs_started.labels(kind).inc()
         self._metrics.running.inc()
         self._simulation.retime(self._runs.values(), start.gpus)
@@ -479,12 +494,15 @@ class NodeAgent(Actor[AgentMessage]):
             total_iterations=start.total_iterations,
             leader=start.leader,
             nodes=start.nodes,
+            **({"cores": run.cores} if run.cores else {}),
+            **({"mem_gb": run.mem_gb} if run.mem_gb is not None else {}),
             **({"iteration_s": run.alone_s * run.slowdown} if kind == "simulated" else {}),
         )
         self._reports.warn_if_memory_overflows(self._runs.values(), start.gpus)
         if kind == "process":
             assert self._inventory is not None
-            run.process = ProcessRun(process_plan(start, self.config, self._inventory), self.tell)
+            plan = process_plan(start, self.config, self._inventory, self._real_cores(run.cores))
+            run.process = ProcessRun(plan, self.tell)
             await run.process.__aenter__()
         return CommandReply(True, rendezvous=start.rendezvous)
 
@@ -494,6 +512,35 @@ class NodeAgent(Actor[AgentMessage]):
 
     def _run_kind(self, start: StartJob) -> tuple[RunKind | None, str]:
         return run_kind(start, self._known_models, self.config.jobs_mode)
+
+    def _real_cores(self, cores: tuple[int, ...]) -> tuple[int, ...]:
+        return real_cores(cores, self._machine_cores) if cores else ()
+
+    # ---- CPU and memory -----------------------------------------------------------------
+    def _reallocate(self, command: ReallocateJob) -> CommandReply:
+        """Give a running run other CPU cores and host memory, without restarting it."""
+        run = self._runs.get(command.job_id)
+        if run is None or run.run_id != command.run_id:
+            if (command.job_id, command.run_id) in self._ended:
+                return CommandReply(True)  # it ended meanwhile: nothing left to change
+            return CommandReply(
+                False,
+                f"run_id: job {command.job_id} does not run on {self.config.name} as run "
+                f"{command.run_id}",
+            )
+        run.cores = pick_cores(
+            command.cpus, cores_taken(self._runs.values(), run.job_id), self.config.cpus
+        )
+        run.mem_gb = command.mem_gb
+        allocation = {"cpus": command.cpus, "mem_gb": command.mem_gb}
+        # a later restart (a resize) keeps the allocation
+        run.start = msgspec.structs.replace(run.start, **allocation)
+        if run.successor is not None:
+            run.successor = msgspec.structs.replace(run.successor, **allocation)
+        if run.process is not None:
+            run.process.tell(ReallocateRun(self._real_cores(run.cores), run.mem_gb))
+        run.log.info("reallocated", cpus=command.cpus, cores=run.cores, mem_gb=run.mem_gb)
+        return CommandReply(True)
 
     # ---- resizing -----------------------------------------------------------------------
     async def _resize(self, resize: ResizeJob) -> CommandReply:

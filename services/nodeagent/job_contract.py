@@ -16,7 +16,13 @@ from services.nodeagent.gpus import GpuInventory
 from services.nodeagent.runs import ProcessPlan, run_environment
 
 
-def process_plan(start: StartJob, config: NodeAgentConfig, inventory: GpuInventory) -> ProcessPlan:
+def process_plan(
+    start: StartJob,
+    config: NodeAgentConfig,
+    inventory: GpuInventory,
+    cores: tuple[int, ...] = (),
+) -> ProcessPlan:
+    """``cores``: the machine's cores the process is pinned to (empty: not pinned)."""
     spec = start.spec
     job_dir = config.work_dir / start.job_id
     checkpoint_dir = job_dir / "ckpt"
@@ -43,6 +49,14 @@ def process_plan(start: StartJob, config: NodeAgentConfig, inventory: GpuInvento
         contract[job_env.RENDEZVOUS] = start.rendezvous
         contract[job_env.FIRST_RANK] = start.first_rank
         contract[job_env.WORLD_SIZE] = start.world_size
+    allocated = start.cpus is not None or start.mem_gb is not None
+    allocation_file = job_dir / f"allocation-{start.run_id}{part}.json" if allocated else None
+    if allocated:
+        contract[job_env.ALLOCATION_FILE] = allocation_file
+        if cores:
+            contract[job_env.CPUS] = ",".join(str(core) for core in cores)
+        if start.mem_gb is not None:
+            contract[job_env.MEM_GB] = start.mem_gb
     if not inventory.emulated:
         by_index = {g.index: g.uuid for g in inventory.gpus}
         contract["CUDA_VISIBLE_DEVICES"] = ",".join(by_index[i] for i in start.gpus)
@@ -65,4 +79,7 @@ def process_plan(start: StartJob, config: NodeAgentConfig, inventory: GpuInvento
         kill_grace_s=config.kill_grace_s,
         preempt_grace_s=config.preempt_grace_s,
         poll_s=config.progress_poll_s,
+        cores=cores,
+        mem_gb=start.mem_gb,
+        allocation_file=allocation_file,
     )

@@ -40,6 +40,10 @@ class Run:
     stopping: StopReason | None = None
     #: the run that replaces this one once it has checkpointed (a resize)
     successor: StartJob | None = None
+    #: the node's CPU cores allocated to the run (empty: none allocated) and its host
+    #: memory in GB (None: none allocated)
+    cores: tuple[int, ...] = ()
+    mem_gb: float | None = None
 
     @property
     def job_id(self) -> str:
@@ -57,6 +61,11 @@ def sharing(run: Run, runs: Iterable[Run]) -> list[Run]:
         other for other in runs
         if other is not run and gpus.intersection(other.start.gpus)
     ]
+
+
+def cores_taken(runs: Iterable[Run], but: str = "") -> set[int]:
+    """The node's cores allocated to the runs, except job ``but``'s."""
+    return {core for run in runs if run.job_id != but for core in run.cores}
 
 
 def co_runners(run: Run, runs: Iterable[Run]) -> list[str]:

@@ -23,6 +23,7 @@ import msgspec
 
 from libs.common.actor import Actor
 from libs.common.schemas import Progress, StopReason
+from services.nodeagent.cores import pin, pin_group
 
 Outcome = Literal["succeeded", "failed", "stopped"]
 
@@ -139,6 +140,11 @@ class ProcessPlan:
     kill_grace_s: float
     preempt_grace_s: float
     poll_s: float
+    #: the machine's cores the process is pinned to (empty: not pinned), its host memory
+    #: (GB) and the file telling the process both (rewritten on a reallocation)
+    cores: tuple[int, ...] = ()
+    mem_gb: float | None = None
+    allocation_file: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +179,14 @@ class StopRun:
 
 
 @dataclass(frozen=True, slots=True)
+class ReallocateRun:
+    """Re-pin the running process to ``cores`` and tell it its new memory bound."""
+
+    cores: tuple[int, ...]
+    mem_gb: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class _Poll:
     pass
 
@@ -187,7 +201,7 @@ class _Kill:
     pass
 
 
-RunMessage = StopRun | _Poll | _Exited | _Kill
+RunMessage = StopRun | ReallocateRun | _Poll | _Exited | _Kill
 
 
 class ProcessRun(Actor[RunMessage]):
@@ -213,6 +227,8 @@ class ProcessRun(Actor[RunMessage]):
         self._kill_timer: asyncio.TimerHandle | None = None
         self._kill_deadline = float("inf")
         self._ended = False
+        self._cores = plan.cores
+        self._mem_gb = plan.mem_gb
 
     # ---- lifecycle --------------------------------------------------------------
     async def on_start(self) -> None:
@@ -221,6 +237,7 @@ class ProcessRun(Actor[RunMessage]):
             plan.checkpoint_dir.mkdir(parents=True, exist_ok=True)
             plan.progress_file.unlink(missing_ok=True)
             self._log_handle = plan.log_file.open("ab")
+            self._write_allocation()
             self._process = await asyncio.create_subprocess_exec(
                 *plan.argv,
                 stdin=asyncio.subprocess.DEVNULL,
@@ -235,6 +252,10 @@ class ProcessRun(Actor[RunMessage]):
             self._end(RunEnd("failed", plan.start_iteration, None,
                              f"cannot start {plan.argv[0]!r}: {exc}"))
             return
+        if self._cores:
+            # right after the exec, before the job starts threads or children: they
+            # inherit it (a reallocation before this point is already in self._cores)
+            pin(self._process.pid, self._cores)
         self._report(ProcessStarted(plan.job_id, plan.run_id, self._process.pid))
         self.spawn(self._watch(self._process))
         self.every(plan.poll_s, _Poll)
@@ -255,6 +276,8 @@ class ProcessRun(Actor[RunMessage]):
                 self._poll()
             case StopRun(reason):
                 self._stop(reason)
+            case ReallocateRun(cores, mem_gb):
+                self._reallocate(cores, mem_gb)
             case _Kill():
                 self._signal(signal.SIGKILL)
             case _Exited(returncode):
@@ -304,6 +327,28 @@ class ProcessRun(Actor[RunMessage]):
                 self._kill_timer.cancel()
             self._kill_deadline = deadline
             self._kill_timer = loop.call_at(deadline, self.tell, _Kill())
+
+    # ---- CPU and memory allocation ---------------------------------------------------
+    def _write_allocation(self) -> None:
+        path = self.plan.allocation_file
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_bytes(
+            msgspec.json.encode({"cpus": list(self._cores), "mem_gb": self._mem_gb})
+        )
+        os.replace(temporary, path)  # the process never reads half a file
+
+    def _reallocate(self, cores: tuple[int, ...], mem_gb: float | None) -> None:
+        self._cores, self._mem_gb = cores, mem_gb
+        with contextlib.suppress(OSError):
+            self._write_allocation()
+        process = self._process
+        if cores and process is not None and process.returncode is None:
+            # the whole group: data-loader workers and local ranks are its children
+            pin_group(process.pid, cores)
+        self.log.info("reallocated", cores=list(cores), mem_gb=mem_gb)
 
     # ---- progress and the verdict -------------------------------------------------
     def _poll(self) -> None:

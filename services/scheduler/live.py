@@ -47,6 +47,7 @@ from libs.common.schemas import (
     Placement,
     PredictRequest,
     Progress,
+    ReallocateJob,
     ResizeJob,
     StartJob,
     StateChange,
@@ -54,7 +55,7 @@ from libs.common.schemas import (
     split_problem,
 )
 from libs.common.tasks import cancel_and_wait
-from libs.core.decision import Decision, Resize, Start, decision_problems
+from libs.core.decision import Decision, Reallocate, Resize, Start, decision_problems
 from libs.core.groundtruth import load_performance_model
 from libs.core.perf import PerformanceModel, UnknownModelError
 from libs.core.snapshot import Snapshot
@@ -717,6 +718,9 @@ class LiveScheduler(Actor[Message]):
                 self._stop(job, "preempt")
         for resize in decision.resizes:
             await self._resize(resize)
+        # the order the decision was checked in: a reallocation may free what a start uses
+        for reallocation in decision.reallocations:
+            await self._reallocate(reallocation)
         for start in decision.starts:
             await self._start(start, snapshot.now)
         if decision.starts and self.first_start_at is None:
@@ -780,11 +784,15 @@ class LiveScheduler(Actor[Message]):
                 accum_steps=start.accum_steps,
                 shares_with=list(start.shares_with),
                 pending_reason="starting",
+                cpus=start.cpus,
+                mem_gb=start.mem_gb,
             ),
         )
         self.log.info(
             "starting job", job_id=job.id, placement=[(p.node, p.gpus) for p in placement],
             accum_steps=start.accum_steps, shares_with=list(start.shares_with),
+            **({"cpus": start.cpus} if start.cpus is not None else {}),
+            **({"mem_gb": start.mem_gb} if start.mem_gb is not None else {}),
         )
         self.spawn(self._send_starts(job.record, placement))
 
@@ -804,6 +812,8 @@ class LiveScheduler(Actor[Message]):
                 resume_iteration=record.progress.iteration,
                 nodes=len(placement),
                 leader=i == 0,
+                cpus=_node_share(record.cpus, part, placement),
+                mem_gb=_node_share(record.mem_gb, part, placement),
             )
             for i, part in enumerate(placement)
         ]
@@ -831,13 +841,13 @@ class LiveScheduler(Actor[Message]):
         unanswered = bool(errors) and reply is None and len(placement) == 1
         self.tell(StartResult(record.id, record.run_id, "; ".join(errors), unanswered))
 
-    async def _command(self, node: str, command: StartJob | StopJob | ResizeJob) -> str:
+    async def _command(self, node: str, command: NodeCommand) -> str:
         """Send with retries; '' on success, else why it failed."""
         error, _ = await self._request(node, command)
         return error
 
     async def _request(
-        self, node: str, command: StartJob | StopJob | ResizeJob
+        self, node: str, command: NodeCommand
     ) -> tuple[str, CommandReply | None]:
         data = codec.encode(command)
 
@@ -953,6 +963,34 @@ class LiveScheduler(Actor[Message]):
 
         self.spawn(send())
 
+    async def _reallocate(self, reallocation: Reallocate) -> None:
+        """A running job's CPU cores and host memory change in place: each of its nodes
+        re-pins the run to its share, in proportion to the job's GPUs there."""
+        job = self.jobs.get(reallocation.job_id)
+        if job is None or job.phase != Phase.RUNNING:
+            return
+        record = replace(job.record, cpus=reallocation.cpus, mem_gb=reallocation.mem_gb)
+        await self._write(job, record)
+        self.log.info(
+            "reallocating job", job_id=job.id, cpus=reallocation.cpus,
+            mem_gb=reallocation.mem_gb, reason=reallocation.reason,
+        )
+        for part in record.placement:
+            command = ReallocateJob(
+                job_id=record.id,
+                run_id=record.run_id,
+                cpus=_node_share(reallocation.cpus, part, record.placement) or 0.0,
+                mem_gb=_node_share(reallocation.mem_gb, part, record.placement) or 0.0,
+            )
+            self.spawn(self._send_reallocation(part.node, command))
+
+    async def _send_reallocation(self, node: str, command: ReallocateJob) -> None:
+        error = await self._command(node, command)
+        if error:
+            # the run keeps its previous allocation; the next round may try again
+            self.log.warning("reallocation failed", job_id=command.job_id, node=node,
+                             error=error)
+
     def _reestimate(self, job: LiveJob) -> None:
         with contextlib.suppress(UnknownModelError):
             job.est_iteration_s = self._profiled_iteration_s(job.record)
@@ -978,6 +1016,18 @@ class LiveScheduler(Actor[Message]):
                 self.tell(StopFailed(job_id, run_id, error))
 
         self.spawn(send())
+
+
+#: the commands the scheduler sends a node agent
+NodeCommand = StartJob | StopJob | ResizeJob | ReallocateJob
+
+
+def _node_share(amount: float | None, part: Placement, placement: list[Placement]) -> float | None:
+    """A node's part of a job's CPUs or memory: in proportion to the job's GPUs there."""
+    if amount is None:
+        return None
+    gpus = sum(len(p.gpus) for p in placement)
+    return amount * len(part.gpus) / gpus
 
 
 def _resize_problem(record: JobRecord, resize: Resize) -> str:

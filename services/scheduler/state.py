@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from libs.common.schemas import JobRecord, NodeInfo, Placement
-from libs.core.cluster import Cluster, Node
+from libs.core.cluster import Allocation, Cluster, HostUse, Node
 from libs.core.lifecycle import JobState
 from libs.core.perf import CpuMemDemand, PerformanceModel
 from libs.core.shape import JobShape
@@ -266,6 +266,8 @@ def running_view(job: LiveJob, now: float, gpu_ids: tuple[int, ...]) -> JobView:
             progress_rate=1.0 if job.phase == Phase.RUNNING else 0.0,
             queued_since=job.queued_since,
             started_at=job.running_since,
+            cpus=job.record.cpus,
+            mem_gb=job.record.mem_gb,
         )  # fmt: skip
 
     if not job.iteration_at:
@@ -289,6 +291,7 @@ def build_snapshot(
     memory = [0.0] * cluster.total_gpus
     running: list[JobView] = []
     pending: list[JobView] = []
+    allocations: list[Allocation] = []
     for job in jobs.values():
         record = job.record
         if job.holds_gpus:
@@ -300,6 +303,7 @@ def build_snapshot(
                 load[gpu] += 1
                 memory[gpu] += mem
             running.append(running_view(job, now, gpu_ids))
+            allocations.append((gpu_ids, record.cpus, record.mem_gb))
         elif job.not_before <= now and not record.state.terminal:
             pending.append(waiting_view(job, now))
     sort = policy.queue_sort
@@ -311,6 +315,7 @@ def build_snapshot(
     for gpu, jobs_on_gpu in enumerate(load):
         if jobs_on_gpu == 0:
             node_free[cluster.gpu_node[gpu]] += 1
+    host = HostUse.of_jobs(cluster, allocations)
     return Snapshot(
         now=now,
         cluster=cluster,
@@ -319,6 +324,8 @@ def build_snapshot(
         gpu_load=tuple(load),
         gpu_mem_used=tuple(memory),
         node_free=tuple(node_free),
+        node_cpus_used=host.all_cpus(),
+        node_mem_used=host.all_mem(),
         estimates=estimates,
         queue_order=sort.name if sort is not None else "arrival",
     )

@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--lr", type=_positive_float, default=0.01, help="SGD learning rate (default: 0.01)"
     )
     parser.add_argument(
-        "--threads", type=_positive_int, default=1, help="torch CPU threads (default: 1)"
+        "--threads", type=_positive_int,
+        help="torch CPU threads (default: one per core in GPUSCHED_CPUS, else 1)",
     )
     parser.add_argument("--device", choices=("cuda", "cpu"), help="overrides GPUSCHED_DEVICE")
     profiling = parser.add_argument_group("profile mode")
@@ -186,7 +187,7 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
         run_job,
     )
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads or ctx.cpu_threads)
     options = TrainingOptions(seed=args.seed, learning_rate=args.lr)
     parallel = (
         DataParallel(layout.rank, layout.world_size, layout.rendezvous, layout.local_rank)
@@ -282,7 +283,7 @@ def _profile(args: argparse.Namespace) -> int:
     from services.nodeagent.worker.profiling import profile
     from services.nodeagent.worker.training import TrainingOptions
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads or 1)
     requested = args.device or os.environ.get("GPUSCHED_DEVICE", "").strip().lower()
     cuda = torch.cuda.is_available()
     if requested == "cuda" and not cuda:

@@ -338,6 +338,10 @@ def _train_loop(ctx: JobContext, trainer: Trainer, hooks: DebugHooks, bound: Any
         ctx.start_clock()
         while iteration < ctx.total_iterations and not trainer.agree_to_stop(ctx.should_stop):
             hold = _hold_until_stopped(ctx) if iteration + 1 == hooks.hold_at_iteration else None
+            if ctx.refresh_allocation():
+                # reallocated while running: the process was re-pinned to other cores
+                torch.set_num_threads(ctx.cpu_threads)
+                bound.info("reallocated", cpus=list(ctx.cpus), mem_gb=ctx.mem_gb)
             loss = trainer.step(iteration, hold)
             iteration += 1
             if iteration_log is not None:
