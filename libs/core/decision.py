@@ -345,9 +345,10 @@ def decision_problems(
     snapshot: Snapshot, decision: Decision, memory: PerformanceModel | None = None
 ) -> list[str]:
     """Why ``decision`` cannot be applied to the cluster ``snapshot`` shows; empty when it
-    can. Actions are taken in the order both drivers apply them (preemptions, resizes,
-    reallocations, starts), each against the GPUs, CPUs and memory the earlier ones left, so a preempted job may start
-    again and two starts may not book one GPU beyond ``snapshot.max_jobs_per_gpu``. A
+    can. Actions are taken in the order the drivers apply them (preemptions, resizes,
+    reallocations, starts), each against the GPUs, CPUs and memory the earlier ones left,
+    so a preempted job may start again and two starts may not book one GPU beyond
+    ``snapshot.max_jobs_per_gpu``. A
     resize is a release and a start with the new shape. A job that forbids sharing must
     be alone on its GPUs, and no GPU may hold more memory than it has, as ``memory``
     sizes jobs (default: ``snapshot.estimates``; it must be the model the snapshot's

@@ -435,10 +435,10 @@ class Simulator:
             self._preempt(preempt.job_id)
         for resize in decision.resizes:
             self._resize(resize)
-        for start in decision.starts:
-            self._start(start)
         for reallocate in decision.reallocations:
             self._reallocate(reallocate)
+        for start in decision.starts:
+            self._start(start)
         if decision.wake_at is not None and decision.wake_at > now:
             self.wake_version += 1
             self._push(decision.wake_at, WAKE, "", self.wake_version)
