@@ -22,14 +22,16 @@ down to fair as a victim or back up to its best case when the node has room agai
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from libs.core.cluster import Cluster, Node
 from libs.core.decision import Decision, Reallocate, Start
 from libs.core.perf import demand_on_node
 from libs.core.snapshot import JobView, Snapshot
-from services.scheduler.policies.base import QueueSort, ShapeCache, ordered_pending
+from services.scheduler.policies.base import ModelBasis, QueueSort, ShapeCache, ordered_pending
 from services.scheduler.policies.preemptive import SRTF_ORDER
 from services.scheduler.policies.simple import FIFO_ORDER
 
@@ -85,6 +87,49 @@ def best_case(snapshot: Snapshot, job: JobView, node: Node) -> Vector:
         min(demand.cpus_per_gpu * job.gpus, node.cpus),
         min(demand.mem_gb_per_gpu * job.gpus, node.host_mem_gb),
     )
+
+
+class _VectorCache:
+    """Best-case vectors per (model, GPUs, node) and fair shares per GPU layout, for one
+    cluster and performance model: a decision asks for them for every running job."""
+
+    def __init__(self) -> None:
+        self._basis = ModelBasis()
+        self._best: dict[tuple[str, int, str], Vector] = {}
+        self._fair: dict[tuple[tuple[int, int], ...], Vector] = {}
+        self._floors: dict[tuple[str, tuple[tuple[int, int], ...]], Vector] = {}
+
+    def sync(self, snapshot: Snapshot) -> None:
+        if self._basis.moved(snapshot):
+            self._best.clear()
+            self._fair.clear()
+            self._floors.clear()
+
+    def best_case(self, snapshot: Snapshot, job: JobView, node: Node) -> Vector:
+        key = (job.model, job.gpus, node.name)
+        vector = self._best.get(key)
+        if vector is None:
+            vector = self._best[key] = best_case(snapshot, job, node)
+        return vector
+
+    def fair_and_floor(
+        self,
+        cluster: Cluster,
+        nodes: dict[int, int],
+        job: JobView,
+        floor_of: Callable[[Vector], Vector],
+    ) -> tuple[Vector, Vector]:
+        """The fair share over a running job's GPU layout and its floor (``floor_of``
+        the fair share), both the same for every job of its model on that layout."""
+        layout = tuple(sorted(nodes.items()))
+        fair = self._fair.get(layout)
+        if fair is None:
+            fair = self._fair[layout] = _fair_over(cluster, nodes)
+        key = (job.model, layout)
+        floor = self._floors.get(key)
+        if floor is None:
+            floor = self._floors[key] = floor_of(fair)
+        return fair, floor
 
 
 @dataclass
@@ -218,6 +263,7 @@ class SynergyTune:
     #: raise running jobs back to their best case when their node has room again
     retune_running: bool = True
     _shapes: ShapeCache = field(default_factory=ShapeCache, compare=False, repr=False)
+    _vectors: _VectorCache = field(default_factory=_VectorCache, compare=False, repr=False)
 
     @property
     def queue_sort(self) -> QueueSort | None:
@@ -226,30 +272,42 @@ class SynergyTune:
     def decide(self, snapshot: Snapshot) -> Decision:
         cluster = snapshot.cluster
         node_of = cluster.gpu_node
+        self._vectors.sync(snapshot)
         held: dict[str, _Held] = {}
         for job in snapshot.running:
             nodes: dict[int, int] = {}
             for gpu in job.gpu_ids:
                 nodes[node_of[gpu]] = nodes.get(node_of[gpu], 0) + 1
-            fair = _fair_over(cluster, nodes)
-            floor = self._floor(snapshot, job, nodes, fair)
+            fair, floor = self._vectors.fair_and_floor(
+                cluster, nodes, job, partial(self._floor, snapshot, job, nodes)
+            )
             held[job.job_id] = _Held(job, nodes, _current(job, fair), floor, fair, False)
         state = _Cluster(snapshot, held)
         before = {job_id: h.alloc for job_id, h in held.items()}
         reasons: dict[str, str] = {}
         started: list[str] = []
+        idle = sum(map(len, state.idle))
+        # idle GPUs only go down within a decision: once no set of idle GPUs holds g,
+        # none holds g or more for a later job either
+        too_many = math.inf
         for job in ordered_pending(snapshot, self.order):
-            if not any(state.idle):
+            if not idle:
                 break
             bad = self._shapes.unschedulable(job, snapshot)
             if bad:
                 reasons[job.job_id] = bad
                 continue
+            if job.gpus >= too_many:
+                reasons[job.job_id] = _no_gpus(job.gpus, idle)
+                continue
             placed = self._place(snapshot, state, held, job)
             if isinstance(placed, str):
                 reasons[job.job_id] = placed
+                if placed == _no_gpus(job.gpus, idle):
+                    too_many = min(too_many, job.gpus)
             else:
                 started.append(job.job_id)
+                idle = sum(map(len, state.idle))
         if self.retune_running:
             self._retune(snapshot, state, held)
         return self._decision(snapshot, held, before, started, reasons)
@@ -262,7 +320,7 @@ class SynergyTune:
         if len(nodes) != 1:
             return fair
         node = snapshot.cluster.nodes[next(iter(nodes))]
-        return best_case(snapshot, job, node).at_most(fair)
+        return self._vectors.best_case(snapshot, job, node).at_most(fair)
 
     def _place(
         self, snapshot: Snapshot, state: _Cluster, held: dict[str, _Held], job: JobView
@@ -273,14 +331,13 @@ class SynergyTune:
         if not candidates:
             spread = state.spread(job.gpus)
             if spread is None:
-                idle = sum(map(len, state.idle))
-                return f"needs {job.gpus} GPU{'s' if job.gpus > 1 else ''}; {idle} idle"
+                return _no_gpus(job.gpus, sum(map(len, state.idle)))
             return self._place_fair(snapshot, state, held, job, spread)
         # (1) the best-case vector, (2) at most fair in every dimension
         for step in (0, 1):
             for node in candidates:
                 n = cluster.nodes[node]
-                want = best_case(snapshot, job, n)
+                want = self._vectors.best_case(snapshot, job, n)
                 if step == 1:
                     fair = fair_share(n, job.gpus)
                     if want.fits(fair.cpus, fair.mem_gb):
@@ -349,7 +406,7 @@ class SynergyTune:
         running.sort(key=lambda h: self.order.key(h.job))
         for h in running:
             node = next(iter(h.nodes))
-            want = best_case(snapshot, h.job, snapshot.cluster.nodes[node])
+            want = self._vectors.best_case(snapshot, h.job, snapshot.cluster.nodes[node])
             if want == h.alloc:
                 continue
             extra_cpus = want.cpus - h.alloc.cpus
@@ -436,3 +493,7 @@ __all__ = [
     "fair_share",
     "las_key",
 ]
+
+
+def _no_gpus(gpus: int, idle: int) -> str:
+    return f"needs {gpus} GPU{'s' if gpus > 1 else ''}; {idle} idle"
