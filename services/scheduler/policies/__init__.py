@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from services.scheduler.policies.base import Policy
+from services.scheduler.policies.ones import Ones
 from services.scheduler.policies.preemptive import Srtf, Tiresias
 from services.scheduler.policies.simple import Fifo, FifoBackfill, Sjf
 from services.scheduler.policies.sjf_bsbf import SjfBsbf
@@ -20,6 +21,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "sjf-ffs": lambda: SjfBsbf(benefit_test=False, name="sjf-ffs"),
     "sjf-bsbf": SjfBsbf,
     **SYNERGY_POLICIES,
+    "ones": Ones,
 }
 
 

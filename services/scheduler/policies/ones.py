@@ -1,0 +1,484 @@
+"""ONES: each job's GPU count (and so its global batch) chosen by an online genetic search.
+
+An individual has one gene per GPU holding the job on it (or none); a job's GPU count is
+how many genes it holds, its global batch the job's base per-GPU batch times that count.
+The population (16) lives on the policy object and advances one generation per decision:
+8 uniform per-GPU crossovers of uniformly picked parents, one mutant per parent that drops
+each changeable job with probability 0.3, every candidate repaired (sizes onto the
+doubling ladder, padded in three passes, laid out contiguously with few moves), and the
+best 16 of the 48 kept. The best individual is applied.
+
+Fitness (lower is better) is the predicted remaining GPU-seconds of the placed jobs:
+``n x remaining samples / throughput at n``, with remaining samples = remaining iterations
+(``est_remaining_s`` over the estimated iteration time at the job's current shape) x its
+global batch, and throughput at n from ``snapshot.estimates`` at per-GPU batch fixed.
+
+Where this differs from the method's description (DESIGN.md section 5, ONES), and why:
+
+- A ``Start`` cannot change a queued job's shape, so a new job starts at the GPUs it asked
+  for (1 for a one-GPU job); growth from there is by doubling, up to 4x the ask and the
+  cluster. Likewise an unplaced preempted job keeps its last shape.
+- The snapshot knows no epochs, so a job may change only after ``min_run_s`` seconds at
+  its current shape (``JobView.started_at``); until then it is frozen where it runs.
+- A running job that has run ``min_run_s`` at its size may double once (its cap is twice
+  its current size); run time in the scale-down rule is the time since its last change.
+- The simulator decides only at events, so while jobs run or wait the policy asks to be
+  woken every ``min_run_s`` seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from libs.core.decision import Decision, Preempt, Resize, Start
+from libs.core.snapshot import JobView, Snapshot
+from services.scheduler.policies.base import (
+    ModelBasis,
+    QueueSort,
+    exclusive_accum,
+    unschedulable_reason,
+)
+
+POPULATION = 16
+CROSSOVERS = 8
+SWAP_PROBABILITY = 0.5
+DROP_PROBABILITY = 0.3
+#: a job grows to at most this many times the GPUs it asked for
+GROWTH_LIMIT = 4
+#: how often repair is repeated to reach a schedule it leaves as it is
+REPAIR_ROUNDS = 4
+
+NONE = -1
+
+
+@dataclass
+class _Job:
+    """One job as the search sees it in this decision."""
+
+    view: JobView
+    #: GPUs and batch it asked for (first seen)
+    asked_gpus: int
+    asked_batch: int
+    #: "new" (queued), "frozen" (running, too soon to change) or "running"
+    kind: str
+    #: GPU counts it may hold, ascending (never empty)
+    sizes: list[int]
+    #: size -> (predicted remaining GPU-seconds, accumulation steps, batch)
+    cost: dict[int, tuple[float, int, int]]
+    #: predicted remaining time on one GPU (padding order)
+    one_gpu_s: float
+
+    @property
+    def current(self) -> int:
+        return self.view.gpus if self.view.running else 0
+
+
+@dataclass
+class Ones:
+    """Online evolutionary search over GPU counts (see the module docstring)."""
+
+    seed: int = 0
+    #: seconds a job runs at a shape before it may change again (stands in for an epoch)
+    min_run_s: float = 120.0
+    name: str = "ones"
+    preemptive: bool = True
+    queue_sort: QueueSort | None = None
+    _rng: np.random.Generator = field(init=False, repr=False)
+    _population: list[tuple[str | None, ...]] = field(default_factory=list, repr=False)
+    _asked: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
+    _basis: ModelBasis = field(default_factory=ModelBasis, repr=False)
+    _shape_cache: dict[tuple[str, int, int], tuple[int | None, float]] = field(
+        default_factory=dict, repr=False
+    )
+    #: best fitness of the kept population after each decision (for inspection)
+    best_fitness: float = field(default=math.inf, repr=False)
+
+    def __post_init__(self) -> None:
+        self._rng = np.random.default_rng(self.seed)
+
+    def scaled(self, time_scale: float) -> Ones:
+        return Ones(seed=self.seed, min_run_s=self.min_run_s * time_scale, name=self.name)
+
+    @property
+    def population(self) -> list[tuple[str | None, ...]]:
+        return list(self._population)
+
+    # ---- per-shape estimates ----------------------------------------------------------
+    def _shape(
+        self, snapshot: Snapshot, view: JobView, batch: int, gpus: int
+    ) -> tuple[int | None, float]:
+        """Accumulation steps that fit the smallest GPU (None: none does) and the
+        estimated iteration time, for ``view``'s model at this batch and GPU count."""
+        if self._basis.moved(snapshot):
+            self._shape_cache.clear()
+        key = (view.model, batch, gpus)
+        found = self._shape_cache.get(key)
+        if found is None:
+            shaped = replace(view, gpus=gpus, batch_size=batch)
+            accum = exclusive_accum(shaped, snapshot, snapshot.cluster.min_gpu_mem_mb)
+            nodes = snapshot.cluster.fewest_nodes(gpus)
+            iter_s = snapshot.estimates.iteration_time(view.model, batch, gpus, nodes, accum or 1)
+            found = self._shape_cache[key] = (accum, iter_s)
+        return found
+
+    def _jobs(self, snapshot: Snapshot) -> tuple[list[_Job], dict[str, str]]:
+        total = snapshot.cluster.total_gpus
+        now = snapshot.now
+        present = {v.job_id for v in snapshot.running} | {v.job_id for v in snapshot.pending}
+        for gone in [j for j in self._asked if j not in present]:
+            del self._asked[gone]
+        jobs: list[_Job] = []
+        reasons: dict[str, str] = {}
+        pending = sorted(snapshot.pending, key=lambda v: (v.submit_time, v.job_id))
+        for view in (*sorted(snapshot.running, key=lambda v: v.job_id), *pending):
+            asked_gpus, asked_batch = self._asked.setdefault(
+                view.job_id, (view.gpus, view.batch_size)
+            )
+            if not view.running:
+                bad = unschedulable_reason(view, snapshot)
+                if bad:
+                    reasons[view.job_id] = bad
+                    continue
+            base = max(1, asked_batch // asked_gpus)
+
+            def batch_at(
+                n: int,
+                asked_gpus: int = asked_gpus,
+                asked_batch: int = asked_batch,
+                base: int = base,
+            ) -> int:
+                return asked_batch if n == asked_gpus else base * n
+
+            _, iter_now = self._shape(snapshot, view, view.batch_size, view.gpus)
+            remaining_iters = view.remaining_s(now) / iter_now if iter_now > 0 else 0.0
+            samples = remaining_iters * view.batch_size
+            if not view.running:
+                kind = "new"
+                ladder = [view.gpus]
+            elif now - view.started_at < self.min_run_s:
+                kind = "frozen"
+                ladder = [view.gpus]
+            else:
+                kind = "running"
+                limit = min(total, GROWTH_LIMIT * asked_gpus, 2 * view.gpus)
+                ladder = []
+                n = asked_gpus
+                while n <= limit:
+                    ladder.append(n)
+                    n *= 2
+                if view.gpus not in ladder:
+                    ladder.append(view.gpus)
+                    ladder.sort()
+            cost: dict[int, tuple[float, int, int]] = {}
+            for n in ladder:
+                batch = batch_at(n) if n != view.gpus else view.batch_size
+                accum, iter_s = self._shape(snapshot, view, batch, n)
+                if accum is None and not (kind == "frozen" or n == view.gpus):
+                    continue
+                # n x samples / (batch / iter_s): remaining GPU-seconds at n GPUs
+                cost[n] = (n * samples * iter_s / batch, accum or view.accum_steps, batch)
+            sizes = sorted(cost)
+            if not sizes:
+                reasons[view.job_id] = "no GPU count fits its per-GPU batch in GPU memory"
+                continue
+            _, one_iter = self._shape(snapshot, view, base, 1)
+            jobs.append(
+                _Job(view, asked_gpus, asked_batch, kind, sizes, cost, samples * one_iter / base)
+            )
+        self._scale_down(snapshot, jobs)
+        return jobs, reasons
+
+    def _scale_down(self, snapshot: Snapshot, jobs: list[_Job]) -> None:
+        """The single largest changeable job, if it holds at least half the cluster and
+        has run longer than the median running job, is capped at
+        ``max(1, int(2 size / (run_time / median + 1)))`` rounded up to even."""
+        running = [j for j in jobs if j.view.running]
+        if not running:
+            return
+        runs = sorted(snapshot.now - j.view.started_at for j in running)
+        median = (
+            runs[len(runs) // 2]
+            if len(runs) % 2
+            else (runs[len(runs) // 2 - 1] + runs[len(runs) // 2]) / 2
+        )
+        candidates = [j for j in running if j.kind == "running"]
+        if not candidates or median <= 0:
+            return
+        largest = max(candidates, key=lambda j: (j.view.gpus, j.view.job_id))
+        size = largest.view.gpus
+        run_time = snapshot.now - largest.view.started_at
+        if size * 2 < snapshot.cluster.total_gpus or run_time <= median:
+            return
+        cap = max(1, int(2 * size / (run_time / median + 1)))
+        cap += cap % 2
+        kept = [n for n in largest.sizes if n <= cap] or largest.sizes[:1]
+        largest.sizes = kept
+
+    # ---- repair -----------------------------------------------------------------------
+    def _repair(self, snapshot: Snapshot, jobs: list[_Job], genes: np.ndarray) -> np.ndarray:
+        for _ in range(REPAIR_ROUNDS):
+            fixed = self._repair_once(snapshot, jobs, genes)
+            if np.array_equal(fixed, genes):
+                break
+            genes = fixed
+        return genes
+
+    def _repair_once(self, snapshot: Snapshot, jobs: list[_Job], genes: np.ndarray) -> np.ndarray:
+        total = len(genes)
+        held = np.bincount(genes[genes >= 0], minlength=len(jobs))
+        size = [0] * len(jobs)
+        for i, job in enumerate(jobs):
+            if job.kind == "frozen":
+                size[i] = job.view.gpus
+            elif held[i] > 0:
+                fitting = [n for n in job.sizes if n <= held[i]]
+                size[i] = fitting[-1] if fitting else job.sizes[0]
+        by_one_gpu = sorted(
+            (i for i, j in enumerate(jobs) if j.kind == "running"),
+            key=lambda i: (jobs[i].one_gpu_s, jobs[i].view.job_id),
+        )
+        free = total - sum(size)
+        # too many GPUs asked: shrink the changeable jobs that have the longest to go
+        for i in reversed(by_one_gpu + [i for i, j in enumerate(jobs) if j.kind == "new"]):
+            while free < 0 and size[i] > 0:
+                smaller = [n for n in jobs[i].sizes if n < size[i]]
+                nxt = smaller[-1] if smaller else 0
+                free += size[i] - nxt
+                size[i] = nxt
+        # padding: new jobs at their start size, then executed jobs up to their current
+        # size, then up to their cap, shortest predicted remaining time first
+        for i, job in enumerate(jobs):
+            if job.kind == "new" and size[i] == 0 and job.sizes[0] <= free:
+                size[i] = job.sizes[0]
+                free -= size[i]
+        for limit_of in (lambda j: j.view.gpus, lambda j: j.sizes[-1]):
+            for i in by_one_gpu:
+                job = jobs[i]
+                room = min(limit_of(job), size[i] + free)
+                fitting = [n for n in job.sizes if size[i] < n <= room]
+                if fitting:
+                    free -= fitting[-1] - size[i]
+                    size[i] = fitting[-1]
+        return self._layout(snapshot, jobs, size)
+
+    def _layout(self, snapshot: Snapshot, jobs: list[_Job], size: list[int]) -> np.ndarray:
+        """Contiguous GPUs for every job of ``size``, moving as few as possible: frozen
+        jobs and jobs that keep their size stay where they run; the rest, largest first,
+        take the free block that overlaps their current GPUs most, then spans the fewest
+        nodes, then fits the tightest free run. A job no block holds shrinks, or waits."""
+        total = snapshot.cluster.total_gpus
+        node_of = snapshot.cluster.gpu_node
+        occ = np.full(total, NONE, dtype=np.int64)
+        movers: list[int] = []
+        for i, job in enumerate(jobs):
+            if size[i] == 0:
+                continue
+            ids = job.view.gpu_ids
+            stays = job.kind == "frozen" or (
+                job.view.running and size[i] == len(ids) and _contiguous(ids)
+            )
+            if stays and all(occ[g] == NONE for g in ids):
+                occ[list(ids)] = i
+            else:
+                movers.append(i)
+        movers.sort(key=lambda i: (-size[i], jobs[i].view.job_id))
+        for i in movers:
+            job = jobs[i]
+            own = set(job.view.gpu_ids)
+            options = [n for n in job.sizes if n <= size[i]]
+            for n in reversed(options):
+                block = _best_block(occ, n, own, node_of)
+                if block is not None:
+                    occ[block : block + n] = i
+                    break
+        return occ
+
+    # ---- the search -------------------------------------------------------------------
+    def _fitness(self, jobs: list[_Job], genes: np.ndarray) -> float:
+        held = np.bincount(genes[genes >= 0], minlength=len(jobs))
+        return float(sum(jobs[i].cost[int(n)][0] for i, n in enumerate(held) if n))
+
+    def _generation(self, snapshot: Snapshot, jobs: list[_Job]) -> list[tuple[float, np.ndarray]]:
+        total = snapshot.cluster.total_gpus
+        index = {job.view.job_id: i for i, job in enumerate(jobs)}
+        current = np.full(total, NONE, dtype=np.int64)
+        for i, job in enumerate(jobs):
+            if job.view.running:
+                current[list(job.view.gpu_ids)] = i
+        if not self._population or len(self._population[0]) != total:
+            parents = [current.copy() for _ in range(POPULATION)]
+        else:
+            parents = [
+                np.array(
+                    [index.get(g, NONE) if g is not None else NONE for g in ind], dtype=np.int64
+                )
+                for ind in self._population
+            ]
+        rng = self._rng
+        children: list[np.ndarray] = []
+        for _ in range(CROSSOVERS):
+            a, b = rng.integers(0, len(parents), size=2)
+            swap = rng.random(total) < SWAP_PROBABILITY
+            left, right = parents[a].copy(), parents[b].copy()
+            left[swap], right[swap] = parents[b][swap], parents[a][swap]
+            children.extend((left, right))
+        changeable = np.array([job.kind != "frozen" for job in jobs] + [False], dtype=bool)
+        mutants: list[np.ndarray] = []
+        for parent in parents:
+            drop = (rng.random(len(jobs) + 1) < DROP_PROBABILITY) & changeable
+            mutant = parent.copy()
+            mutant[drop[parent]] = NONE
+            mutants.append(mutant)
+        scored: list[tuple[float, np.ndarray]] = []
+        for candidate in (*parents, *children, *mutants):
+            repaired = self._repair(snapshot, jobs, candidate)
+            scored.append((self._fitness(jobs, repaired), repaired))
+        order = sorted(range(len(scored)), key=lambda k: (scored[k][0], k))
+        return [scored[k] for k in order[:POPULATION]]
+
+    def decide(self, snapshot: Snapshot) -> Decision:
+        jobs, reasons = self._jobs(snapshot)
+        kept = self._generation(snapshot, jobs)
+        self._population = [
+            tuple(jobs[g].view.job_id if g >= 0 else None for g in genes) for _, genes in kept
+        ]
+        self.best_fitness, best = kept[0]
+        return self._apply(snapshot, jobs, best, reasons)
+
+    def _apply(
+        self, snapshot: Snapshot, jobs: list[_Job], best: np.ndarray, reasons: dict[str, str]
+    ) -> Decision:
+        placed: dict[int, tuple[int, ...]] = {}
+        for gpu, i in enumerate(best.tolist()):
+            if i >= 0:
+                placed.setdefault(i, ())
+                placed[i] += (gpu,)
+        starts: list[Start] = []
+        preemptions: list[Preempt] = []
+        moves: list[tuple[int, tuple[int, ...]]] = []
+        for i, job in enumerate(jobs):
+            view = job.view
+            gpus = placed.get(i)
+            if not view.running:
+                if gpus is None:
+                    reasons[view.job_id] = (
+                        f"needs {view.gpus} GPU{'s' if view.gpus > 1 else ''}; the best "
+                        "schedule found gives the GPUs to jobs with less predicted "
+                        "remaining GPU time"
+                    )
+                else:
+                    starts.append(Start(view.job_id, gpus, job.cost[len(gpus)][1]))
+            elif gpus is None:
+                preemptions.append(Preempt(view.job_id, "the best schedule found drops it for now"))
+            elif gpus != tuple(sorted(view.gpu_ids)):
+                moves.append((i, gpus))
+        resizes, stuck = _sequence(jobs, moves, {p.job_id for p in preemptions})
+        for i in stuck:
+            preemptions.append(
+                Preempt(jobs[i].view.job_id, "its GPUs go to another job that changes size")
+            )
+        # a start waits for GPUs a resized job lets go until the next decision, so no
+        # reader of the decision that takes starts before resizes sees a GPU booked twice
+        dropped = {p.job_id for p in preemptions}
+        still_held = {
+            g
+            for job in jobs
+            if job.view.running and job.view.job_id not in dropped
+            for g in job.view.gpu_ids
+        }
+        for start in [s for s in starts if still_held.intersection(s.gpu_ids)]:
+            starts.remove(start)
+            reasons[start.job_id] = "its GPUs are let go by a job that changes size"
+        return Decision(
+            starts=tuple(starts),
+            preemptions=tuple(preemptions),
+            resizes=tuple(resizes),
+            reasons=reasons,
+            default_reason="waiting for the next generation of the search",
+            wake_at=snapshot.now + self.min_run_s if jobs else None,
+        )
+
+
+def _contiguous(ids: Sequence[int]) -> bool:
+    ordered = sorted(ids)
+    return bool(ordered) and ordered[-1] - ordered[0] == len(ordered) - 1
+
+
+def _best_block(occ: np.ndarray, n: int, own: set[int], node_of: Sequence[int]) -> int | None:
+    """Start of the free block of ``n`` GPUs that overlaps ``own`` most, spans the fewest
+    nodes and sits in the tightest free run; None if no free run holds ``n``."""
+    best: tuple[tuple[int, int, int, int], int] | None = None
+    total = len(occ)
+    start = 0
+    while start < total:
+        if occ[start] != NONE:
+            start += 1
+            continue
+        end = start
+        while end < total and occ[end] == NONE:
+            end += 1
+        run = end - start
+        for s in range(start, end - n + 1):
+            overlap = sum(1 for g in range(s, s + n) if g in own)
+            nodes = node_of[s + n - 1] - node_of[s] + 1
+            key = (-overlap, nodes, run, s)
+            if best is None or key < best[0]:
+                best = (key, s)
+        start = end
+    return None if best is None else best[1]
+
+
+def _sequence(
+    jobs: list[_Job],
+    moves: list[tuple[int, tuple[int, ...]]],
+    preempted: set[str],
+) -> tuple[list[Resize], list[int]]:
+    """Resizes in an order where each lands on GPUs already let go (a resize releases the
+    job's old GPUs first); jobs caught in a cycle of moves are returned to be preempted."""
+    holder: dict[int, int] = {}
+    for i, job in enumerate(jobs):
+        if job.view.running and job.view.job_id not in preempted:
+            for g in job.view.gpu_ids:
+                holder[g] = i
+    waiting = list(moves)
+    resizes: list[Resize] = []
+    stuck: list[int] = []
+    while waiting:
+        k = next(
+            (k for k, (i, gpus) in enumerate(waiting) if all(holder.get(g, i) == i for g in gpus)),
+            -1,
+        )
+        if k < 0:
+            # a cycle: preempt the smallest, which frees its GPUs for the others
+            k = min(
+                range(len(waiting)),
+                key=lambda k: (len(waiting[k][1]), jobs[waiting[k][0]].view.job_id),
+            )
+            i, _ = waiting.pop(k)
+            for g in jobs[i].view.gpu_ids:
+                if holder.get(g) == i:
+                    del holder[g]
+            stuck.append(i)
+            continue
+        i, gpus = waiting.pop(k)
+        job = jobs[i]
+        for g in job.view.gpu_ids:
+            if holder.get(g) == i:
+                del holder[g]
+        for g in gpus:
+            holder[g] = i
+        _, accum, batch = job.cost[len(gpus)]
+        resizes.append(
+            Resize(
+                job.view.job_id,
+                gpus,
+                batch,
+                accum,
+                f"from {job.view.gpus} to {len(gpus)} GPUs, the best schedule found",
+            )
+        )
+    return resizes, stuck

@@ -1,0 +1,151 @@
+"""ONES: the population, caps, contiguous placement, elitism and determinism."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from libs.core.decision import Decision, decision_problems
+from libs.core.snapshot import Snapshot
+from services.scheduler.policies import POLICIES
+from services.scheduler.policies.ones import POPULATION, Ones
+from services.scheduler.simulator import SimConfig, simulate
+from tests.builders import TablePerf, cluster, job, pending, running, snapshot
+
+PERF = TablePerf(
+    iter_s={"a": 1.0, "b": 0.5, "c": 2.0},
+    mem_mb={"a": 3000.0, "b": 6000.0, "c": 9000.0},
+    spread_penalty=1.3,
+)
+
+
+@dataclass
+class Recorded:
+    """Checks every decision against its snapshot and keeps them."""
+
+    inner: Ones
+    asked: dict[str, int] = field(default_factory=dict)
+    decisions: list[Decision] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def preemptive(self) -> bool:
+        return True
+
+    queue_sort = None
+
+    def decide(self, snap: Snapshot) -> Decision:
+        for view in snap.pending:
+            self.asked.setdefault(view.job_id, view.gpus)
+        decision = self.inner.decide(snap)
+        assert decision_problems(snap, decision) == []
+        assert len(self.inner.population) == POPULATION
+        for start in decision.starts:
+            assert len(start.gpu_ids) == snap.job(start.job_id).gpus
+            assert _contiguous(start.gpu_ids)
+        for resize in decision.resizes:
+            n, asked = len(resize.gpu_ids), self.asked[resize.job_id]
+            assert _contiguous(resize.gpu_ids)
+            assert n <= 4 * asked
+            assert n % asked == 0 and (n // asked) & (n // asked - 1) == 0
+        for job_id in (v.job_id for v in snap.pending):
+            if job_id not in {s.job_id for s in decision.starts}:
+                assert decision.why(job_id)
+        self.decisions.append(decision)
+        return decision
+
+
+def _contiguous(ids: tuple[int, ...]) -> bool:
+    return sorted(ids) == list(range(min(ids), max(ids) + 1))
+
+
+rows = st.lists(
+    st.tuples(
+        st.floats(min_value=0, max_value=2000, allow_nan=False),
+        st.integers(min_value=50, max_value=2000),
+        st.sampled_from([1, 1, 1, 2, 4]),
+        st.sampled_from(["a", "b", "c"]),
+        st.sampled_from([8, 32, 64]),
+    ),
+    min_size=1,
+    max_size=20,
+)
+
+
+def _trace(rows):
+    return [
+        job(f"j{i}", submit, iters, gpus=gpus, model=model, batch=max(batch, gpus))
+        for i, (submit, iters, gpus, model, batch) in enumerate(rows)
+    ]
+
+
+def test_ones_is_registered():
+    assert isinstance(POLICIES["ones"](), Ones)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=rows, nodes=st.integers(1, 2))
+def test_every_decision_is_valid_capped_and_contiguous(rows, nodes):
+    recorded = Recorded(Ones(min_run_s=30.0))
+    result = simulate(
+        cluster(nodes, 4, gpu_mem_mb=16_000),
+        _trace(rows),
+        recorded,
+        PERF,
+        config=SimConfig(restart_overhead_s=5.0),
+    )
+    assert all(o.state == "finished" for o in result.jobs)
+    assert result.shared_pairs == 0
+
+
+@settings(max_examples=10, deadline=None)
+@given(rows=rows, seed=st.integers(0, 3))
+def test_the_same_seed_gives_the_same_decisions(rows, seed):
+    runs = []
+    for _ in range(2):
+        recorded = Recorded(Ones(seed=seed, min_run_s=30.0))
+        simulate(cluster(2, 4), _trace(rows), recorded, PERF)
+        runs.append([(d.starts, d.preemptions, d.resizes) for d in recorded.decisions])
+    assert runs[0] == runs[1]
+
+
+def _busy_snapshot() -> Snapshot:
+    cl = cluster(2, 4, gpu_mem_mb=16_000)
+    run = [
+        running("r0", 500.0, (0,), model="a"),
+        running("r1", 80.0, (1, 2), model="b"),
+        running("r2", 2000.0, (4,), model="c"),
+    ]
+    wait = [pending("p0", 300.0), pending("p1", 50.0, gpus=2, model="b")]
+    return snapshot(cl, PERF, wait, run, now=1000.0)
+
+
+def test_new_one_gpu_jobs_start_on_one_gpu():
+    decision = Ones().decide(_busy_snapshot())
+    for start in decision.starts:
+        if start.job_id == "p0":
+            assert len(start.gpu_ids) == 1
+
+
+def test_the_best_fitness_never_gets_worse_on_a_fixed_snapshot():
+    policy = Ones(seed=7)
+    snap = _busy_snapshot()
+    best = []
+    for _ in range(15):
+        assert decision_problems(snap, policy.decide(snap)) == []
+        assert len(policy.population) == POPULATION
+        best.append(policy.best_fitness)
+    assert all(b <= a + 1e-9 for a, b in pairwise(best))
+
+
+def test_a_job_that_changed_recently_is_left_alone():
+    cl = cluster(1, 4)
+    snap = snapshot(cl, PERF, [pending("p0", 100.0)], [running("r0", 500.0, (0,))], now=10.0)
+    decision = Ones(min_run_s=60.0).decide(snap)
+    assert decision.resizes == () and decision.preemptions == ()
