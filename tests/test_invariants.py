@@ -4,7 +4,7 @@ no job finishes faster than it would alone."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -31,6 +31,8 @@ class Audited:
 
     inner: Policy
     decisions: int = 0
+    #: jobs an elastic policy resized: they may run on more GPUs than they asked for
+    resized: set[str] = field(default_factory=set)
 
     @property
     def name(self) -> str:
@@ -43,6 +45,7 @@ class Audited:
     def decide(self, snapshot: Snapshot) -> Decision:
         decision = self.inner.decide(snapshot)
         self.decisions += 1
+        self.resized.update(r.job_id for r in decision.resizes)
         load = list(snapshot.gpu_load)
         mem = list(snapshot.gpu_mem_used)
         jobs = {j.job_id: j for j in (*snapshot.running, *snapshot.pending)}
@@ -104,7 +107,8 @@ def test_every_policy_keeps_the_cluster_invariants_and_finishes_every_schedulabl
             continue
         assert outcome.state == "finished", (outcome.job_id, outcome.reason)
         assert outcome.jct_s is not None
-        assert outcome.jct_s >= outcome.exclusive_s * (1 - 1e-9)
+        if outcome.job_id not in audited.resized:  # grown, it may beat its asked shape
+            assert outcome.jct_s >= outcome.exclusive_s * (1 - 1e-9)
     assert 0.0 <= result.gpu_util <= 1.0 + 1e-9
     if not any(s for *_, s in rows) or policy_name not in RESIDENT_CAP_POLICIES:
         assert result.shared_pairs == 0
