@@ -114,8 +114,11 @@ class Liveness:
     def run_seen(self, job_id: str, run_id: int | None) -> float:
         return 0.0 if run_id is None else self._runs.get((job_id, run_id), 0.0)
 
-    def forget_run(self, job_id: str, run_id: int) -> None:
-        self._runs.pop((job_id, run_id), None)
+    def forget_runs_before(self, moment: float) -> None:
+        """Drop runs last listed before ``moment``: once older than the missing-job
+        grace they can no longer keep a job alive, and every run ever listed would
+        otherwise stay."""
+        self._runs = {run: at for run, at in self._runs.items() if at >= moment}
 
 
 # ---- messages to the actor ----------------------------------------------------------
@@ -598,6 +601,7 @@ class LiveScheduler(Actor[Message]):
 
     async def _sweep(self) -> None:
         now = time.time()
+        self.liveness.forget_runs_before(now - self.config.missing_job_grace_s)
         await self._refresh_nodes()
         lost = [
             n for n in self.nodes.values()
