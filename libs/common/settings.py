@@ -22,6 +22,9 @@ from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
+#: where every service looks for NATS when ``NATS_URL`` is not set
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 

@@ -13,9 +13,8 @@ from typing import Any
 import yaml
 
 from libs.common import settings
-from libs.common.settings import Setting, load
+from libs.common.settings import DEFAULT_NATS_URL, Setting, load
 
-DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 DEFAULT_PORT = 8080
 DEFAULT_MAX_BODY_BYTES = 65536
 #: the tenant of every request when no tokens are configured

@@ -52,7 +52,7 @@ class Endpoint:
                  or "http://127.0.0.1:8080").rstrip("/"),
             token=token or API_TOKEN.read() or saved.get("token") or "",
             nats_url=nats_url or NATS_URL.read() or saved.get("nats_url")
-            or "nats://127.0.0.1:4222",
+            or settings.DEFAULT_NATS_URL,
         )
 
 

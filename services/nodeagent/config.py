@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from libs.common import settings
-from libs.common.settings import Setting, load
+from libs.common.settings import DEFAULT_NATS_URL, Setting, load
 
-DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
 JOBS_MODES = ("simulated", "process")
 JobsMode = Literal["simulated", "process"]

@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from libs.common import settings
-from libs.common.settings import Setting, load
+from libs.common.settings import DEFAULT_NATS_URL, Setting, load
 from services.predictor.model import DEFAULT_HISTORY_WEIGHT
 
-DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
 
 

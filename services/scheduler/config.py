@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from libs.common import settings
-from libs.common.settings import Setting, load
+from libs.common.settings import DEFAULT_NATS_URL, Setting, load
 from services.scheduler.policies import POLICIES, UnknownPolicyError
 from services.scheduler.policies.sjf_bsbf import resident_cap_problem
 
@@ -83,7 +83,6 @@ class SchedulerConfig:
         return cls(**values)
 
 
-DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
 #: field -> the variable ``SchedulerConfig.from_env`` reads it from
 ENVIRONMENT: dict[str, Setting[Any]] = {
