@@ -43,20 +43,53 @@ async def register_node(stores: Stores, name: str = NODE, gpus: int = 4) -> None
     await stores.nodes.put(name, codec.encode(info))
 
 
+async def rewrite_record(stores: Stores, job_id: str, **changes: Any) -> None:
+    """Change a stored record as a scheduler would (compare-and-set on its revision)."""
+    entry = await stores.jobs.get(job_id)
+    assert entry.value is not None and entry.revision is not None
+    record = replace(codec.decode(entry.value, JobRecord), **changes)
+    await stores.jobs.update(job_id, codec.encode(record), last=entry.revision)
+
+
 async def store_running_job(stores: Stores, run_id: int = 1) -> str:
     """A job the previous leader started on NODE, as its record says."""
     job_id = await store_job(stores, spec())
-    entry = await stores.jobs.get(job_id)
-    assert entry.value is not None and entry.revision is not None
-    record = codec.decode(entry.value, JobRecord)
-    now = time.time()
-    running = replace(
-        record, state=JobState.RUNNING, run_id=run_id,
+    record = await record_of(stores, job_id)
+    await rewrite_record(
+        stores, job_id, state=JobState.RUNNING, run_id=run_id,
         placement=[Placement(NODE, [0])],
-        history=[*record.history, StateChange(JobState.RUNNING, now, "started")],
+        history=[*record.history, StateChange(JobState.RUNNING, time.time(), "started")],
     )
-    await stores.jobs.update(job_id, codec.encode(running), last=entry.revision)
     return job_id
+
+
+async def store_job_being_started(stores: Stores, run_id: int = 1) -> str:
+    """A job a leader was starting when it died: its record names the run and placement
+    but still waits (the start's result never came back)."""
+    job_id = await store_job(stores, spec())
+    await rewrite_record(stores, job_id, run_id=run_id, placement=[Placement(NODE, [0])],
+                         pending_reason="starting")
+    return job_id
+
+
+def succeeded(job_id: str, run_id: int) -> JobExit:
+    """The exit a node stores when the run ``run_id`` of a job trains to its end."""
+    return JobExit(job_id=job_id, run_id=run_id, node=NODE, outcome="succeeded",
+                   exit_code=0, iteration=10, at=time.time())
+
+
+async def store_exit(stores: Stores, exit: JobExit) -> None:
+    await stores.js.publish(subjects.job_exit(exit.job_id), codec.encode(exit),
+                            headers=codec.headers())
+
+
+async def stream_message(stores: Stores, subject: str, payload: Any) -> Durable:
+    """``payload`` as the scheduler's consumer delivers it: a real message of the jobs
+    stream, stored and fetched back."""
+    await stores.js.publish(subject, codec.encode(payload), headers=codec.headers())
+    pull = await stores.js.pull_subscribe(subject, stream=subjects.JOBS_STREAM)
+    (msg,) = await pull.fetch(1, timeout=5)
+    return Durable(msg)
 
 
 @contextlib.asynccontextmanager
@@ -124,10 +157,7 @@ async def test_a_job_whose_exit_waits_in_the_stream_finishes_instead_of_running_
     ) as scheduler:
         # the run ended: its node stored the exit and stopped listing it; the scheduler
         # has not come to the exit message yet
-        exit = JobExit(job_id=job_id, run_id=1, node=NODE, outcome="succeeded",
-                       exit_code=0, iteration=10, at=time.time())
-        await stores.js.publish(subjects.job_exit(job_id), codec.encode(exit),
-                                headers=codec.headers())
+        await store_exit(stores, succeeded(job_id, 1))
         scheduler.liveness.saw(Heartbeat(node=NODE, at=time.time()), arrived=time.time())
         await asyncio.sleep(1.0)
         await scheduler.handle(Sweep())
@@ -144,10 +174,7 @@ async def test_an_exit_of_an_earlier_run_does_not_end_the_current_one(nats_serve
     async with idle_scheduler(
         nats_server.url, nc, stores, node_timeout_s=60.0, missing_job_grace_s=0.5
     ) as scheduler:
-        exit = JobExit(job_id=job_id, run_id=1, node=NODE, outcome="succeeded",
-                       exit_code=0, iteration=10, at=time.time())
-        await stores.js.publish(subjects.job_exit(job_id), codec.encode(exit),
-                                headers=codec.headers())
+        await store_exit(stores, succeeded(job_id, 1))
         await asyncio.sleep(1.0)
         await scheduler.handle(Sweep())
         record = await record_of(stores, job_id)
@@ -191,7 +218,8 @@ async def test_a_write_that_lost_the_race_keeps_the_newer_record_of_the_other_le
         assert stored == newer
         assert not stored.cancel_requested
         # the loser reads the winner's record back and carries on from it
-        await second.handle(await cancel_message(stores, job_id))
+        cancel = CancelRequest(job_id, "default", time.time())
+        await second.handle(await stream_message(stores, subjects.job_cancel(job_id), cancel))
         assert second.jobs[job_id].record.pending_reason == "first was here"
 
 
@@ -200,10 +228,7 @@ async def test_a_takeover_reads_only_the_unfinished_jobs(nats_server, nc, stores
     finished = []
     for _ in range(20):
         job_id = await store_job(stores, spec())
-        record = await record_of(stores, job_id)
-        entry = await stores.jobs.get(job_id)
-        done = replace(record, state=JobState.SUCCEEDED)
-        await stores.jobs.update(job_id, codec.encode(done), last=entry.revision)
+        await rewrite_record(stores, job_id, state=JobState.SUCCEEDED)
         await stores.unmark_live(job_id)
         finished.append(job_id)
     await stores.mark_live_index_complete()
@@ -223,10 +248,7 @@ async def test_a_takeover_reads_only_the_unfinished_jobs(nats_server, nc, stores
 async def test_a_store_written_before_the_live_index_gets_one_built_once(nats_server, nc, stores):
     queued = await store_job(stores, spec())
     done = await store_job(stores, spec())
-    entry = await stores.jobs.get(done)
-    record = codec.decode(entry.value or b"", JobRecord)
-    await stores.jobs.update(done, codec.encode(replace(record, state=JobState.FAILED)),
-                             last=entry.revision)
+    await rewrite_record(stores, done, state=JobState.FAILED)
     for job_id in (queued, done):  # as a store from before the index
         await stores.unmark_live(job_id)
     assert not await stores.live_index_complete()
@@ -240,49 +262,14 @@ def _running(job_id: str, run_id: int) -> RunningJob:
     return RunningJob(job_id, run_id, Progress())
 
 
-async def cancel_message(stores: Stores, job_id: str) -> Any:
-    """A cancel as the scheduler's consumer delivers it: a real message of the stream."""
-    await stores.js.publish(
-        subjects.job_cancel(job_id),
-        codec.encode(CancelRequest(job_id, "default", time.time())),
-        headers=codec.headers(),
-    )
-    pull = await stores.js.pull_subscribe(subjects.job_cancel(job_id), stream=subjects.JOBS_STREAM)
-    (msg,) = await pull.fetch(1, timeout=5)
-    return Durable(msg)
-
-
-async def store_job_being_started(stores: Stores, run_id: int = 1) -> str:
-    """A job a leader was starting when it died: its record names the run and placement
-    but still waits (the start's result never came back)."""
-    job_id = await store_job(stores, spec())
-    entry = await stores.jobs.get(job_id)
-    assert entry.value is not None and entry.revision is not None
-    record = codec.decode(entry.value, JobRecord)
-    starting = replace(record, run_id=run_id, placement=[Placement(NODE, [0])],
-                       pending_reason="starting")
-    await stores.jobs.update(job_id, codec.encode(starting), last=entry.revision)
-    return job_id
-
-
-async def exit_message(stores: Stores, exit: JobExit) -> Durable:
-    """An exit as the scheduler's consumer delivers it: a real message of the stream."""
-    subject = subjects.job_exit(exit.job_id)
-    await stores.js.publish(subject, codec.encode(exit), headers=codec.headers())
-    pull = await stores.js.pull_subscribe(subject, stream=subjects.JOBS_STREAM)
-    (msg,) = await pull.fetch(1, timeout=5)
-    return Durable(msg)
-
-
 async def test_the_exit_of_a_run_started_by_the_previous_leader_finishes_the_job(
     nats_server, nc, stores
 ):
     await register_node(stores)
     job_id = await store_job_being_started(stores)
     async with idle_scheduler(nats_server.url, nc, stores, node_timeout_s=60.0) as scheduler:
-        exit = JobExit(job_id=job_id, run_id=1, node=NODE, outcome="succeeded",
-                       exit_code=0, iteration=10, at=time.time())
-        await scheduler.handle(await exit_message(stores, exit))
+        exit = succeeded(job_id, 1)
+        await scheduler.handle(await stream_message(stores, subjects.job_exit(job_id), exit))
         record = await record_of(stores, job_id)
         assert record.state is JobState.SUCCEEDED
         assert job_id not in scheduler.jobs
