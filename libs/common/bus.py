@@ -284,14 +284,10 @@ class Stores:
         return codec.decode(entry.value, float) if entry.value else None
 
     async def live_index_complete(self) -> bool:
-        try:
-            await self.live.get(subjects.LIVE_INDEX_COMPLETE_KEY)
-        except KeyNotFoundError:
-            return False
-        return True
+        return await self.live_marked_at(subjects.LIVE_INDEX_COMPLETE_KEY) is not None
 
     async def mark_live_index_complete(self) -> None:
-        await self.live.put(subjects.LIVE_INDEX_COMPLETE_KEY, codec.encode(time.time()))
+        await self.mark_live(subjects.LIVE_INDEX_COMPLETE_KEY)
 
     async def node_names(self) -> list[str]:
         return await kv_keys(self.js, subjects.NODES_BUCKET)
