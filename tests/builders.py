@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from libs.core.cluster import Cluster, Node
+from libs.core.cluster import (
+    DEFAULT_CPUS_PER_GPU,
+    DEFAULT_HOST_MEM_GB_PER_GPU,
+    Cluster,
+    Node,
+)
 from libs.core.jobs import JobSpec
 from libs.core.lifecycle import JobState
 from libs.core.perf import CpuMemDemand, UnknownModelError
@@ -27,6 +32,8 @@ class TablePerf:
     ref_batch: float = 32.0
     spread_penalty: float = 1.0
     accum_exponent: float = 0.0
+    #: best-case CPU/memory demand per model (default: 3 CPUs, 62.5 GB, speed-up 1)
+    demand: dict[str, CpuMemDemand] = field(default_factory=dict)
 
     def models(self) -> tuple[str, ...]:
         return tuple(self.iter_s)
@@ -61,11 +68,17 @@ class TablePerf:
         return 1.0
 
     def cpu_mem_demand(self, model: str) -> CpuMemDemand:
-        return CpuMemDemand(3.0, 62.5, 1.0)
+        return self.demand.get(model, CpuMemDemand(3.0, 62.5, 1.0))
 
 
-def cluster(nodes: int = 1, gpus: int = 4, gpu_mem_mb: int = 10_000) -> Cluster:
-    return Cluster(tuple(Node(f"n{i}", gpus, gpu_mem_mb) for i in range(nodes)))
+def cluster(
+    nodes: int = 1,
+    gpus: int = 4,
+    gpu_mem_mb: int = 10_000,
+    cpus: int = DEFAULT_CPUS_PER_GPU * 8,
+    host_mem_gb: float = DEFAULT_HOST_MEM_GB_PER_GPU * 8,
+) -> Cluster:
+    return Cluster(tuple(Node(f"n{i}", gpus, gpu_mem_mb, cpus, host_mem_gb) for i in range(nodes)))
 
 
 def job(
@@ -123,6 +136,8 @@ def running(
     attained: float = 0.0,
     as_of: float = 0.0,
     accum: int = 1,
+    cpus: float | None = None,
+    mem_gb: float | None = None,
 ) -> JobView:
     return JobView(
         job_id=job_id,
@@ -139,6 +154,8 @@ def running(
         gpu_ids=gpu_ids,
         accum_steps=accum,
         progress_rate=1.0,
+        cpus=cpus,
+        mem_gb=mem_gb,
     )
 
 
