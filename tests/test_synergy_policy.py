@@ -3,6 +3,7 @@ CPUs, 62.5 GB), and its invariants on random cluster states."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from itertools import product
 
@@ -12,11 +13,13 @@ from hypothesis import strategies as st
 
 from libs.core.cluster import Cluster, Node
 from libs.core.decision import Decision, decision_problems
+from libs.core.jobs import JobSpec
 from libs.core.lifecycle import JobState
 from libs.core.perf import CpuMemDemand
 from libs.core.snapshot import JobView, Snapshot
 from services.scheduler.policies import POLICIES, make_policy
 from services.scheduler.policies.synergy import LAS_ORDER, SynergyTune, las_key
+from services.scheduler.simulator import SimConfig, simulate
 from services.scheduler.synergy_opt import opt_jobs, synergy_opt
 from tests.builders import TablePerf
 
@@ -335,3 +338,77 @@ def test_opt_refuses_when_fair_shares_do_not_fit() -> None:
     jobs = opt_jobs(PERF, [("x", "a", 1)], (1.0, 3.0), (62.5,))
     with pytest.raises(ValueError):
         synergy_opt(jobs, 2.0, 100.0)
+
+
+# ------------------------------------------------------------------ kept records
+
+
+class AgainstFresh:
+    """A policy kept across a simulation's decisions, each checked against the decision
+    of a new policy object (which remembers nothing) on the same snapshot."""
+
+    def __init__(self, kept: SynergyTune) -> None:
+        self.kept = kept
+        self.decisions = self.drops = self.raises = 0
+
+    def __getattr__(self, attr: str) -> object:
+        return getattr(self.kept, attr)  # name, preemptive, queue_sort
+
+    def decide(self, snap: Snapshot) -> Decision:
+        got = self.kept.decide(snap)
+        want = make_policy(self.kept.name).decide(snap)
+        assert got.starts == want.starts
+        assert got.reallocations == want.reallocations
+        assert dict(got.reasons) == dict(want.reasons)
+        self.decisions += 1
+        self.drops += sum(1 for r in got.reallocations if "fair" in r.reason)
+        self.raises += sum(1 for r in got.reallocations if "best" in r.reason)
+        return got
+
+
+def synergy_trace(rows: list[tuple[float, int, str, int]]) -> list[JobSpec]:
+    return [
+        JobSpec(f"j{i}", submit, model, gpus, 32 * gpus, iterations)
+        for i, (submit, gpus, model, iterations) in enumerate(rows)
+    ]
+
+
+def test_a_policy_kept_across_a_busy_run_decides_every_time_as_a_fresh_one() -> None:
+    """Kept records of running jobs (reused while a job's view is the same object) give
+    the decisions a new policy gives; the run takes from victims and raises jobs back."""
+    rng = random.Random(3)
+    rows = [
+        (60.0 * i, rng.choice((1, 1, 2, 4, 8, 12)), rng.choice(MODELS), rng.randint(200, 4000))
+        for i in range(80)
+    ]
+    policy = AgainstFresh(SynergyTune())
+    result = simulate(
+        synergy_cluster(), synergy_trace(rows), policy, PERF, config=SimConfig(round_s=300)
+    )
+    assert all(j.finish_time is not None for j in result.jobs)
+    assert policy.drops > 0 and policy.raises > 0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.floats(0, 2000, allow_nan=False),
+            st.sampled_from((1, 1, 2, 4, 8, 12)),
+            st.sampled_from(MODELS),
+            st.integers(50, 3000),
+        ),
+        min_size=1,
+        max_size=25,
+    ),
+    name=st.sampled_from(("synergy-fifo", "synergy-srtf", "synergy-las")),
+    round_s=st.sampled_from((None, 120.0)),
+)
+def test_kept_records_change_no_decision(
+    rows: list[tuple[float, int, str, int]], name: str, round_s: float | None
+) -> None:
+    policy = AgainstFresh(make_policy(name))  # type: ignore[arg-type]
+    simulate(
+        synergy_cluster(), synergy_trace(rows), policy, PERF, config=SimConfig(round_s=round_s)
+    )
+    assert policy.decisions > 0

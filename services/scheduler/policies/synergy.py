@@ -22,10 +22,13 @@ down to fair as a victim or back up to its best case when the node has room agai
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+import heapq
+from bisect import bisect_left, insort
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
+from itertools import chain
+from typing import NamedTuple
 
 from libs.core.cluster import Cluster, Node
 from libs.core.decision import Decision, Reallocate, Start
@@ -90,20 +93,28 @@ def best_case(snapshot: Snapshot, job: JobView, node: Node) -> Vector:
 
 
 class _VectorCache:
-    """Best-case vectors per (model, GPUs, node) and fair shares per GPU layout, for one
-    cluster and performance model: a decision asks for them for every running job."""
+    """What TUNE derives from a cluster and performance model alone, kept across
+    decisions: best-case vectors per (model, GPUs, node), fair shares per GPU layout,
+    floors per (model, layout), and each running job's record while its view stays the
+    same object (a driver keeps a running job's view until something about it changes)."""
 
     def __init__(self) -> None:
         self._basis = ModelBasis()
         self._best: dict[tuple[str, int, str], Vector] = {}
         self._fair: dict[tuple[tuple[int, int], ...], Vector] = {}
         self._floors: dict[tuple[str, tuple[tuple[int, int], ...]], Vector] = {}
+        self.running: dict[str, _Running] = {}
+        #: every node's CPUs and memory, before any job's allocation is taken off
+        self.capacity: tuple[list[float], list[float]] = ([], [])
 
     def sync(self, snapshot: Snapshot) -> None:
         if self._basis.moved(snapshot):
             self._best.clear()
             self._fair.clear()
             self._floors.clear()
+            self.running.clear()
+            nodes = snapshot.cluster.nodes
+            self.capacity = ([float(n.cpus) for n in nodes], [float(n.host_mem_gb) for n in nodes])
 
     def best_case(self, snapshot: Snapshot, job: JobView, node: Node) -> Vector:
         key = (job.model, job.gpus, node.name)
@@ -130,6 +141,37 @@ class _VectorCache:
         if floor is None:
             floor = self._floors[key] = floor_of(fair)
         return fair, floor
+
+    def forget_finished(self, running: Sequence[JobView]) -> None:
+        """Drop the records of jobs no longer running, once they outnumber the rest."""
+        if len(self.running) > 2 * len(running) + 64:
+            kept = {job.job_id for job in running}
+            self.running = {k: v for k, v in self.running.items() if k in kept}
+
+
+class _Raise(NamedTuple):
+    """Raising a single-node job to its best case ``want`` on ``node`` takes ``cpus``
+    more CPUs and ``mem_gb`` more GB there (``want - alloc``)."""
+
+    node: int
+    want: Vector
+    cpus: float
+    mem_gb: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Running:
+    """A running job as its view shows it, with what TUNE works out from that alone."""
+
+    job: JobView
+    nodes: dict[int, int]  # node index -> GPUs there
+    alloc: Vector
+    floor: Vector
+    fair: Vector
+    #: (node, CPUs, GB) the job holds on each of its nodes
+    charges: tuple[tuple[int, float, float], ...]
+    #: a single-node job not at its best case there: what raising it takes; else None
+    raise_to: _Raise | None
 
 
 @dataclass
@@ -160,19 +202,39 @@ class _Held:
 
 
 class _Cluster:
-    """Idle GPUs, free CPUs and free memory per node, as the decision changes them."""
+    """Idle GPUs, free CPUs and free memory per node, as the decision changes them, and
+    the jobs it has looked at closely (``held``: started, victims and their rivals,
+    raised). Idle GPU ids and the jobs on a node are listed only for the nodes asked
+    about."""
 
-    def __init__(self, snapshot: Snapshot, held: dict[str, _Held]) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        records: list[_Running],
+        cpus: list[float],
+        mem: list[float],
+    ) -> None:
         cluster = snapshot.cluster
         self.cluster = cluster
-        self.idle: list[list[int]] = [[] for _ in cluster.nodes]
-        for gpu, load in enumerate(snapshot.gpu_load):
-            if load == 0:
-                self.idle[cluster.gpu_node[gpu]].append(gpu)
-        self.cpus = [float(n.cpus) for n in cluster.nodes]
-        self.mem = [float(n.host_mem_gb) for n in cluster.nodes]
-        for h in held.values():
-            self.charge(h, h.alloc)
+        self.records = records
+        self.cpus = cpus
+        self.mem = mem
+        self.held: dict[str, _Held] = {}
+        #: allocation before this decision of every running job in ``held``
+        self.before: dict[str, Vector] = {}
+        self._load = snapshot.gpu_load
+        self.free = list(snapshot.node_free)
+        self.total_idle = sum(self.free)
+        #: nodes by idle GPUs, each list in ascending index
+        self._by_free: list[list[int]] = [[] for _ in range(cluster.max_gpus_per_node + 1)]
+        if self.total_idle:
+            for node, free in enumerate(self.free):
+                if free:
+                    self._by_free[free].append(node)
+        self._idle_gpus: dict[int, list[int]] = {}
+        self._on_node: dict[int, list[_Running | _Held]] | None = None
+
+    # ------------------------------------------------------------------ CPU, memory
 
     def charge(self, held: _Held, alloc: Vector, sign: float = 1.0) -> None:
         for node in held.nodes:
@@ -185,52 +247,86 @@ class _Cluster:
         held.alloc = alloc
         self.charge(held, alloc)
 
-    def free_gpus(self, node: int) -> int:
-        return len(self.idle[node])
+    def held_of(self, rec: _Running) -> _Held:
+        """The running job's allocation as this decision changes it."""
+        job_id = rec.job.job_id
+        h = self.held.get(job_id)
+        if h is None:
+            h = self.held[job_id] = _Held(rec.job, rec.nodes, rec.alloc, rec.floor, rec.fair, False)
+            self.before[job_id] = rec.alloc
+        return h
 
-    def gpu_preference(self, gpus: int) -> list[int]:
+    def jobs_on(self, node: int) -> list[_Held]:
+        """Every job holding GPUs of ``node``, running or started by this decision."""
+        if self._on_node is None:
+            on: dict[int, list[_Running | _Held]] = {}
+            for rec in self.records:
+                for n in rec.nodes:
+                    on.setdefault(n, []).append(rec)
+            for h in self.held.values():
+                if h.started:
+                    for n in h.nodes:
+                        on.setdefault(n, []).append(h)
+            self._on_node = on
+        return [x if isinstance(x, _Held) else self.held_of(x) for x in self._on_node.get(node, ())]
+
+    # ------------------------------------------------------------------ GPUs
+
+    def gpu_preference(self, gpus: int) -> Iterator[int]:
         """Nodes with ``gpus`` idle GPUs in Synergy's order: one GPU goes to the node with
         the fewest idle GPUs, more to the first node (lowest index) that has them."""
-        nodes = [n for n in range(len(self.idle)) if self.free_gpus(n) >= gpus]
+        buckets = self._by_free[gpus:]
         if gpus == 1:
-            nodes.sort(key=lambda n: (self.free_gpus(n), n))
-        return nodes
+            return chain.from_iterable(buckets)
+        return heapq.merge(*buckets)
 
     def spread(self, gpus: int) -> dict[int, int] | None:
         """The fewest nodes holding ``gpus`` idle GPUs (most idle first, lowest index)."""
-        order = sorted(range(len(self.idle)), key=lambda n: (-self.free_gpus(n), n))
+        if gpus > self.total_idle:
+            return None
         chosen: dict[int, int] = {}
         need = gpus
-        for node in order:
-            if need == 0 or self.free_gpus(node) == 0:
-                break
-            take = min(need, self.free_gpus(node))
+        for node in chain.from_iterable(reversed(self._by_free)):
+            take = min(need, self.free[node])
             chosen[node] = take
             need -= take
-        return None if need else chosen
+            if need == 0:
+                break
+        return chosen
 
-    def start(
-        self,
-        held: dict[str, _Held],
-        job: JobView,
-        nodes: dict[int, int],
-        alloc: Vector,
-        floor: Vector,
-    ) -> None:
+    def start(self, job: JobView, nodes: dict[int, int], alloc: Vector, floor: Vector) -> None:
         """Book ``job`` on idle GPUs of ``nodes`` with ``alloc`` and record it in ``held``."""
         fair = _fair_over(self.cluster, nodes)
         gpu_ids = self.take(nodes)
-        h = held[job.job_id] = _Held(
+        h = self.held[job.job_id] = _Held(
             replace(job, gpu_ids=gpu_ids), nodes, Vector(0.0, 0.0), floor, fair, True
         )
         self.set_alloc(h, alloc)
+        if self._on_node is not None:
+            for n in nodes:
+                self._on_node.setdefault(n, []).append(h)
 
     def take(self, nodes: dict[int, int]) -> tuple[int, ...]:
         gpus: list[int] = []
         for node, count in sorted(nodes.items()):
-            gpus.extend(self.idle[node][:count])
-            del self.idle[node][:count]
+            idle = self._idle_gpus.get(node)
+            if idle is None:
+                load = self._load
+                idle = self._idle_gpus[node] = [
+                    g for g in self.cluster.node_gpus(node) if load[g] == 0
+                ]
+            gpus.extend(idle[:count])
+            del idle[:count]
+            self._move(node, self.free[node] - count)
+            self.total_idle -= count
         return tuple(sorted(gpus))
+
+    def _move(self, node: int, free: int) -> None:
+        bucket = self._by_free[self.free[node]]
+        del bucket[bisect_left(bucket, node)]
+        self.free[node] = free
+        if free:
+            insort(self._by_free[free], node)
 
 
 def _fair_over(cluster: Cluster, nodes: dict[int, int]) -> Vector:
@@ -270,47 +366,69 @@ class SynergyTune:
         return self.order
 
     def decide(self, snapshot: Snapshot) -> Decision:
-        cluster = snapshot.cluster
-        node_of = cluster.gpu_node
-        self._vectors.sync(snapshot)
-        held: dict[str, _Held] = {}
-        for job in snapshot.running:
-            nodes: dict[int, int] = {}
-            for gpu in job.gpu_ids:
-                nodes[node_of[gpu]] = nodes.get(node_of[gpu], 0) + 1
-            fair, floor = self._vectors.fair_and_floor(
-                cluster, nodes, job, partial(self._floor, snapshot, job, nodes)
-            )
-            held[job.job_id] = _Held(job, nodes, _current(job, fair), floor, fair, False)
-        state = _Cluster(snapshot, held)
-        before = {job_id: h.alloc for job_id, h in held.items()}
+        state = self._read_running(snapshot)
         reasons: dict[str, str] = {}
         started: list[str] = []
-        idle = sum(map(len, state.idle))
-        # idle GPUs only go down within a decision: once no set of idle GPUs holds g,
-        # none holds g or more for a later job either
-        too_many = math.inf
         for job in ordered_pending(snapshot, self.order):
+            idle = state.total_idle
             if not idle:
                 break
             bad = self._shapes.unschedulable(job, snapshot)
             if bad:
                 reasons[job.job_id] = bad
-                continue
-            if job.gpus >= too_many:
+            elif job.gpus > idle:
+                # no set of idle GPUs holds them, now or later in this decision
                 reasons[job.job_id] = _no_gpus(job.gpus, idle)
-                continue
-            placed = self._place(snapshot, state, held, job)
-            if isinstance(placed, str):
-                reasons[job.job_id] = placed
-                if placed == _no_gpus(job.gpus, idle):
-                    too_many = min(too_many, job.gpus)
             else:
-                started.append(job.job_id)
-                idle = sum(map(len, state.idle))
+                placed = self._place(snapshot, state, job)
+                if placed is None:
+                    started.append(job.job_id)
+                else:
+                    reasons[job.job_id] = placed
         if self.retune_running:
-            self._retune(snapshot, state, held)
-        return self._decision(snapshot, held, before, started, reasons)
+            self._retune(state)
+        return self._decision(snapshot, state, started, reasons)
+
+    def _read_running(self, snapshot: Snapshot) -> _Cluster:
+        """The running jobs' records (kept from the last decision where the view is the
+        same) and what their allocations leave free on every node."""
+        cluster = snapshot.cluster
+        vectors = self._vectors
+        vectors.sync(snapshot)
+        known = vectors.running
+        cpus, mem = (list(c) for c in vectors.capacity)
+        records: list[_Running] = []
+        for job in snapshot.running:
+            rec = known.get(job.job_id)
+            if rec is None or rec.job is not job:
+                rec = known[job.job_id] = self._record(snapshot, cluster, job)
+            for node, c, m in rec.charges:
+                cpus[node] -= c
+                mem[node] -= m
+            records.append(rec)
+        vectors.forget_finished(snapshot.running)
+        return _Cluster(snapshot, records, cpus, mem)
+
+    def _record(self, snapshot: Snapshot, cluster: Cluster, job: JobView) -> _Running:
+        node_of = cluster.gpu_node
+        nodes: dict[int, int] = {}
+        for gpu in job.gpu_ids:
+            nodes[node_of[gpu]] = nodes.get(node_of[gpu], 0) + 1
+        fair, floor = self._vectors.fair_and_floor(
+            cluster, nodes, job, partial(self._floor, snapshot, job, nodes)
+        )
+        alloc = _current(job, fair)
+        charges = tuple(
+            (node, alloc.cpus * (k / job.gpus), alloc.mem_gb * (k / job.gpus))
+            for node, k in nodes.items()
+        )
+        raise_to = None
+        if len(nodes) == 1:
+            node = next(iter(nodes))
+            want = self._vectors.best_case(snapshot, job, cluster.nodes[node])
+            if want != alloc:
+                raise_to = _Raise(node, want, want.cpus - alloc.cpus, want.mem_gb - alloc.mem_gb)
+        return _Running(job, nodes, alloc, floor, fair, charges, raise_to)
 
     # ------------------------------------------------------------------ one job
 
@@ -322,20 +440,18 @@ class SynergyTune:
         node = snapshot.cluster.nodes[next(iter(nodes))]
         return self._vectors.best_case(snapshot, job, node).at_most(fair)
 
-    def _place(
-        self, snapshot: Snapshot, state: _Cluster, held: dict[str, _Held], job: JobView
-    ) -> str | None:
-        """Start ``job`` (recorded in ``held``) or say why it waits."""
+    def _place(self, snapshot: Snapshot, state: _Cluster, job: JobView) -> str | None:
+        """Start ``job`` (recorded in ``state.held``) or say why it waits; the caller has
+        made sure enough GPUs are idle."""
         cluster = snapshot.cluster
-        candidates = state.gpu_preference(job.gpus)
-        if not candidates:
+        first = next(state.gpu_preference(job.gpus), None)
+        if first is None:
             spread = state.spread(job.gpus)
-            if spread is None:
-                return _no_gpus(job.gpus, sum(map(len, state.idle)))
-            return self._place_fair(snapshot, state, held, job, spread)
+            assert spread is not None
+            return self._place_fair(snapshot, state, job, spread)
         # (1) the best-case vector, (2) at most fair in every dimension
         for step in (0, 1):
-            for node in candidates:
+            for node in state.gpu_preference(job.gpus):
                 n = cluster.nodes[node]
                 want = self._vectors.best_case(snapshot, job, n)
                 if step == 1:
@@ -345,7 +461,6 @@ class SynergyTune:
                     want = want.at_most(fair)
                 if want.fits(state.cpus[node], state.mem[node]):
                     state.start(
-                        held,
                         job,
                         {node: job.gpus},
                         want,
@@ -353,15 +468,10 @@ class SynergyTune:
                     )
                     return None
         # (3) victims on the node the GPUs choose, (4) retry once at fair
-        return self._place_fair(snapshot, state, held, job, {candidates[0]: job.gpus})
+        return self._place_fair(snapshot, state, job, {first: job.gpus})
 
     def _place_fair(
-        self,
-        snapshot: Snapshot,
-        state: _Cluster,
-        held: dict[str, _Held],
-        job: JobView,
-        nodes: dict[int, int],
+        self, snapshot: Snapshot, state: _Cluster, job: JobView, nodes: dict[int, int]
     ) -> str | None:
         cluster = snapshot.cluster
         fair = _fair_over(cluster, nodes)
@@ -372,9 +482,7 @@ class SynergyTune:
             short = Vector(need.cpus - state.cpus[node], need.mem_gb - state.mem[node])
             if short.cpus <= EPS and short.mem_gb <= EPS:
                 continue
-            victims = sorted(
-                (h for h in held.values() if node in h.nodes and h not in drops), key=_victim_key
-            )
+            victims = sorted((h for h in state.jobs_on(node) if h not in drops), key=_victim_key)
             got = Vector(0.0, 0.0)
             for victim in victims:
                 if got.cpus >= short.cpus - EPS and got.mem_gb >= short.mem_gb - EPS:
@@ -394,36 +502,43 @@ class SynergyTune:
         for victim in drops:
             state.set_alloc(victim, victim.alloc.at_most(victim.floor))
             victim.dropped = True
-        state.start(held, job, nodes, want, want)
+        state.start(job, nodes, want, want)
         return None
 
     # --------------------------------------------------------------- re-tuning
 
-    def _retune(self, snapshot: Snapshot, state: _Cluster, held: dict[str, _Held]) -> None:
+    def _retune(self, state: _Cluster) -> None:
         """Give running single-node jobs their best case back where their node has room,
-        in the base order."""
-        running = [h for h in held.values() if not (h.started or h.dropped) and len(h.nodes) == 1]
-        running.sort(key=lambda h: self.order.key(h.job))
-        for h in running:
-            node = next(iter(h.nodes))
-            want = self._vectors.best_case(snapshot, h.job, snapshot.cluster.nodes[node])
-            if want == h.alloc:
+        in the base order. Nodes are independent, so each is settled on its own, and a
+        node where none of them fits now is passed over unsorted (room only shrinks)."""
+        on_node: dict[int, list[tuple[_Running, _Raise]]] = {}
+        for rec in state.records:
+            up = rec.raise_to
+            if up is not None:
+                held = state.held.get(rec.job.job_id)
+                if held is None or not held.dropped:
+                    on_node.setdefault(up.node, []).append((rec, up))
+        cpus, mem = state.cpus, state.mem
+        for node, raises in on_node.items():
+            if not any(
+                up.cpus <= cpus[node] + EPS and up.mem_gb <= mem[node] + EPS for _, up in raises
+            ):
                 continue
-            extra_cpus = want.cpus - h.alloc.cpus
-            extra_mem = want.mem_gb - h.alloc.mem_gb
-            if extra_cpus <= state.cpus[node] + EPS and extra_mem <= state.mem[node] + EPS:
-                state.set_alloc(h, want)
+            raises.sort(key=lambda pair: self.order.key(pair[0].job))
+            for rec, up in raises:
+                if up.cpus <= cpus[node] + EPS and up.mem_gb <= mem[node] + EPS:
+                    state.set_alloc(state.held_of(rec), up.want)
 
     # ---------------------------------------------------------------- decision
 
     def _decision(
         self,
         snapshot: Snapshot,
-        held: dict[str, _Held],
-        before: dict[str, Vector],
+        state: _Cluster,
         started: Sequence[str],
         reasons: dict[str, str],
     ) -> Decision:
+        held = state.held
         starts = tuple(
             Start(
                 h.job.job_id,
@@ -436,6 +551,7 @@ class SynergyTune:
         )
         # shrinking first, so that a driver applying them in order never overcommits a
         # node on the way (a raise may use what a drop frees)
+        before = state.before
         changed = sorted(
             (job_id for job_id, old in before.items() if _differs(held[job_id].alloc, old)),
             key=lambda job_id: (not _shrinks(held[job_id].alloc, before[job_id]), job_id),
