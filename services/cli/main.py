@@ -6,7 +6,7 @@ options, turns user mistakes into one-line errors (exit code 2) and shows progre
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from enum import StrEnum
@@ -26,6 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from libs.core.cluster import DEFAULT_CPUS_PER_GPU, DEFAULT_HOST_MEM_GB_PER_GPU, Cluster
+from libs.core.jobs import JobSpec
 from libs.core.perf import PerformanceModel, UnknownModelError
 from libs.core.traces import TraceError
 from libs.core.workload import (
@@ -54,6 +55,8 @@ from services.scheduler.runner import (
     run_policies,
 )
 from services.scheduler.simulator import PolicyViolation, SimConfig
+from services.scheduler.simulator import simulate as run_simulation
+from services.scheduler.synergy_opt import OptBounded
 
 #: mistakes in what the user asked for: shown as one line, exit code 2
 USER_ERRORS = (InputError, TraceError, UnknownPolicyError, UnknownModelError)
@@ -207,6 +210,16 @@ def simulate(
             "(rounds in which a policy may re-plan CPU/memory). Default: only on events."
         ),
     ] = None,
+    opt_bound: Annotated[
+        bool,
+        typer.Option(
+            "--opt-bound",
+            help="After every decision, bound the total throughput of the jobs holding GPUs "
+            "by Synergy-OPT (an integer program over the cluster's CPUs and memory) and "
+            "report it beside the policy's own in summary.json (opt_bound). Slow: one "
+            "program per decision with a new set of jobs.",
+        ),
+    ] = False,
 ) -> None:
     """Replay a trace under one or more policies; print a table and write outputs."""
     out_console, err_console = _consoles()
@@ -219,6 +232,8 @@ def simulate(
         check_round_s(round_s)
         _check_out(out)
         built = build_cluster(cluster_spec, data_dir, cpus_per_node, mem_gb_per_node)
+        if opt_bound:
+            _check_opt_bound(built)
         truth, estimates = build_models(data_dir, prediction_error, seed, speed_model.value)
         measured = _measure_ids(measure_ids)
         workload = _synergy_workload(source, truth, seed, rate, multigpu, built) or load_workload(
@@ -237,7 +252,7 @@ def simulate(
             err_console.print(Text(note, style="dim"), soft_wrap=True)
         config = SimConfig(restart_overhead_s=restart_overhead, round_s=round_s)
         with _progress_bars(err_console) as progress:
-            results = run_policies(
+            results = (_run_bounded if opt_bound else run_policies)(
                 workload.jobs,
                 built,
                 names,
@@ -260,6 +275,8 @@ def simulate(
         "speed_model": speed_model.value,
         "round_s": round_s,
     }
+    if opt_bound:
+        settings["opt_bound"] = True
     _write(out_console, err_console, results, out, settings)
 
 
@@ -322,6 +339,37 @@ def _synergy_workload(
     except ValueError as exc:
         raise InputError(str(exc)) from None
     return Workload(jobs, [note])
+
+
+def _check_opt_bound(cluster: Cluster) -> None:
+    cpus = sum(n.cpus for n in cluster.nodes)
+    mem = sum(n.host_mem_gb for n in cluster.nodes)
+    if not (cpus > 0 and mem > 0):
+        raise InputError(
+            f"--opt-bound divides the cluster's CPUs and host memory, and it has "
+            f"{cpus:g} CPUs and {mem:g} GB; give nodes some (--cpus-per-node, --mem-gb-per-node)"
+        )
+
+
+def _run_bounded(
+    jobs: Sequence[JobSpec],
+    cluster: Cluster,
+    names: Sequence[str],
+    truth: PerformanceModel,
+    estimates: PerformanceModel | None,
+    config: SimConfig,
+    progress_factory: ProgressFactory | None,
+    max_resident_slowdown: float | None,
+) -> list[SimResult]:
+    """`run_policies`, with each policy wrapped in `OptBounded` and the bound over the
+    run added to its result."""
+    results = []
+    for name in names:
+        bounded = OptBounded(make_policy(name, max_resident_slowdown=max_resident_slowdown))
+        progress = progress_factory(name, len(jobs)) if progress_factory else None
+        result = run_simulation(cluster, jobs, bounded, truth, estimates, config, progress)
+        results.append(replace(result, opt_bound=bounded.summary()))
+    return results
 
 
 def _measure_ids(spec: str | None) -> range | None:

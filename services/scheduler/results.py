@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +73,8 @@ class SimResult:
     resizes: int = 0
     #: the policy's cap on a resident's slowdown, where it has one (see ``SjfBsbf``)
     max_resident_slowdown: float | None = None
+    #: Synergy-OPT's throughput bound over the run, where asked for (see ``OptBounded``)
+    opt_bound: Mapping[str, float | int] | None = None
 
     def finished(self) -> list[JobOutcome]:
         return [j for j in self.jobs if j.state == FINISHED]
@@ -97,4 +100,6 @@ class SimResult:
         }
         if self.max_resident_slowdown is not None:
             summary["max_resident_slowdown"] = self.max_resident_slowdown
+        if self.opt_bound is not None:
+            summary["opt_bound"] = dict(self.opt_bound)
         return summary
