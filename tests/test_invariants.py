@@ -31,7 +31,8 @@ class Audited:
 
     inner: Policy
     decisions: int = 0
-    #: jobs an elastic policy resized: they may run on more GPUs than they asked for
+    #: jobs an elastic policy resized or started in a shape of its own: they may run on
+    #: more GPUs than they asked for
     resized: set[str] = field(default_factory=set)
 
     @property
@@ -61,8 +62,12 @@ class Audited:
         for s in decision.starts:
             j = jobs[s.job_id]
             assert not j.running
-            assert len(set(s.gpu_ids)) == len(s.gpu_ids) == j.gpus, "gang is all-or-nothing"
-            per_gpu = PERF.gpu_memory_mb(j.model, j.batch_size / (j.gpus * s.accum_steps))
+            gpus, batch = j.gpus, j.batch_size
+            if s.batch_size is not None:  # an elastic start: the shape the policy chose
+                gpus, batch = len(s.gpu_ids), s.batch_size
+                self.resized.add(s.job_id)
+            assert len(set(s.gpu_ids)) == len(s.gpu_ids) == gpus, "gang is all-or-nothing"
+            per_gpu = PERF.gpu_memory_mb(j.model, batch / (gpus * s.accum_steps))
             for g in s.gpu_ids:
                 load[g] += 1
                 mem[g] += per_gpu

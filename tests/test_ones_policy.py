@@ -47,13 +47,19 @@ class Recorded:
         assert decision_problems(snap, decision) == []
         assert len(self.inner.population) == POPULATION
         for start in decision.starts:
-            assert len(start.gpu_ids) == snap.job(start.job_id).gpus
+            view = snap.job(start.job_id)
+            # a new job starts on one GPU, a preempted one at half its last size
+            half = max(1, view.gpus // 2)
+            expected = 1 << (half.bit_length() - 1) if view.preemptions else 1
+            assert len(start.gpu_ids) == expected
             assert _contiguous(start.gpu_ids)
+            if start.batch_size is None:  # not an elastic start: the shape it asked for
+                assert expected == view.gpus
         for resize in decision.resizes:
             n, asked = len(resize.gpu_ids), self.asked[resize.job_id]
             assert _contiguous(resize.gpu_ids)
             assert n <= 4 * asked
-            assert n % asked == 0 and (n // asked) & (n // asked - 1) == 0
+            assert n & (n - 1) == 0  # on the doubling ladder from one GPU
         for job_id in (v.job_id for v in snap.pending):
             if job_id not in {s.job_id for s in decision.starts}:
                 assert decision.why(job_id)
@@ -126,11 +132,22 @@ def _busy_snapshot() -> Snapshot:
     return snapshot(cl, PERF, wait, run, now=1000.0)
 
 
-def test_new_one_gpu_jobs_start_on_one_gpu():
-    decision = Ones().decide(_busy_snapshot())
-    for start in decision.starts:
-        if start.job_id == "p0":
+def test_every_new_job_starts_on_exactly_one_gpu_with_its_per_gpu_batch():
+    snap = _busy_snapshot()
+    policy = Ones()
+    decision = policy.decide(snap)
+    best = policy.population[0]
+    # both new jobs hold one GPU in the best schedule; a start waits a decision when
+    # its GPU is still let go by a job that changes size
+    assert best.count("p0") == 1 and best.count("p1") == 1
+    for job_id in ("p0", "p1"):
+        started = [s for s in decision.starts if s.job_id == job_id]
+        assert started or "changes size" in decision.why(job_id)
+        for start in started:
             assert len(start.gpu_ids) == 1
+            view = snap.job(job_id)
+            per_gpu = view.batch_size // view.gpus
+            assert start.batch_size == (None if view.gpus == 1 else per_gpu)
 
 
 def test_the_best_fitness_never_gets_worse_on_a_fixed_snapshot():

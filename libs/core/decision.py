@@ -25,6 +25,9 @@ class Start:
     cpus: float | None = None
     #: host memory in GB for the whole job, split likewise; None: the proportional share
     mem_gb: float | None = None
+    #: an elastic start: the job starts with this global batch on ``len(gpu_ids)`` GPUs
+    #: instead of the shape it asked for; None: the shape it asked for
+    batch_size: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,9 +289,16 @@ class _Booking:
         job_id = start.job_id
         if not self.is_pending(job_id):
             return [f"started {job_id}, which is not pending"]
+        gpu_ids = start.gpu_ids
+        if start.batch_size is not None:
+            if start.batch_size < 1 or not gpu_ids:
+                return [f"started {job_id} with batch {start.batch_size} on GPUs {gpu_ids}"]
+            asked = self.shape(job_id)
+            self.shapes[job_id] = _Shape(
+                asked.model, start.batch_size, len(gpu_ids), asked.allow_sharing
+            )
         shape = self.shape(job_id)
         problems: list[str] = []
-        gpu_ids = start.gpu_ids
         if len(set(gpu_ids)) != shape.gpus or len(gpu_ids) != shape.gpus:
             problems.append(f"gave {job_id} GPUs {gpu_ids}; it needs {shape.gpus} distinct")
         accum = start.accum_steps

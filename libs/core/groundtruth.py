@@ -27,6 +27,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
+from libs.core.convergence import Convergence, convergence_models
 from libs.core.estimates import NoisyEstimates
 from libs.core.perf import CpuMemDemand, UnknownModelError, demand_on_node
 from libs.core.profiles.builtin import (
@@ -84,6 +85,7 @@ class ProfilePerformanceModel:
     """
 
     __slots__ = (
+        "_convergence",
         "_gavel",
         "_iter_cache",
         "_mem_cache",
@@ -104,6 +106,7 @@ class ProfilePerformanceModel:
         gavel: GavelTable | None = None,
         synergy: SynergyData | None = None,
         speed_model: str = "grid",
+        convergence: Mapping[str, Convergence] | None = None,
     ) -> None:
         if not profiles:
             raise ValueError("a performance model needs at least one model profile")
@@ -119,6 +122,7 @@ class ProfilePerformanceModel:
         self._slow_cache: dict[tuple[str, int, int, int, str, int, int, int], float] = {}
         self._mem_cache: dict[tuple[str, float], float] = {}
         self._speed_cache: dict[tuple[str, int, float, float], float] = {}
+        self._convergence = dict(convergence or {})
 
     # ----------------------------------------------------------------- construction
 
@@ -126,7 +130,7 @@ class ProfilePerformanceModel:
     def builtin(cls, speed_model: str = "grid") -> ProfilePerformanceModel:
         """Only the project's own analytic profiles; needs no data directory."""
         profiles, network = load_builtin()
-        return cls(profiles, network, speed_model=speed_model)
+        return cls(profiles, network, speed_model=speed_model, convergence=convergence_models(None))
 
     @classmethod
     def from_data_dir(cls, path: str | Path, speed_model: str = "grid") -> ProfilePerformanceModel:
@@ -157,7 +161,7 @@ class ProfilePerformanceModel:
             for name, measured in sorted(synergy.models.items()):
                 if name not in profiles and name in synergy.grids:
                     profiles[name] = synergy_profile(name, measured, profiles)
-        return cls(profiles, network, pollux, gavel, synergy, speed_model)
+        return cls(profiles, network, pollux, gavel, synergy, speed_model, convergence_models(root))
 
     # ----------------------------------------------------------------- introspection
 
@@ -186,6 +190,9 @@ class ProfilePerformanceModel:
 
     def default_batch_size(self, model: str) -> int:
         return self.profile(model).default_batch_size
+
+    def convergence(self, model: str) -> Convergence | None:
+        return self._convergence.get(model)
 
     # ----------------------------------------------------------------- iteration time
 

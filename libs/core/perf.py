@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from libs.core.convergence import Convergence
 from libs.core.shape import JobShape
 
 
@@ -114,4 +115,14 @@ class PerformanceModel(Protocol):
     def cpu_mem_demand(self, model: str) -> CpuMemDemand:
         """The 1-GPU best-case CPU/memory vector of ``model`` and its speed-up over the
         GPU-proportional share."""
+        ...
+
+
+@runtime_checkable
+class ConvergenceSource(Protocol):
+    """A ground truth that knows how long some models train to converge at each batch
+    (their jobs then end on convergence, and a new batch changes what is left)."""
+
+    def convergence(self, model: str) -> Convergence | None:
+        """The convergence curve of ``model``; None where its jobs run fixed iterations."""
         ...

@@ -18,7 +18,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Generic, TextIO, TypeVar
 
 from libs.core.cluster import Cluster, Node
+from libs.core.convergence import BUILTIN as BUILTIN_CONVERGENCE
+from libs.core.convergence import Convergence, builtin_convergence, read_convergence
 
 FORMATS = ("philly", "alibaba", "pollux", "native")
 
@@ -521,72 +523,37 @@ def _alibaba_node_row(line: int, row: Mapping[str, object]) -> Node | str:
 
 _POLLUX_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 
-#: Samples a Pollux application processes before it finishes: our own rough figures,
-#: a typical epoch count times the usual data set size (cifar10: 100 epochs x 50,000
-#: images; imagenet: 90 x 1.28 M; bert: 2 x 88 k SQuAD questions; deepspeech2, ncf,
-#: yolov3: our estimates of the same kind). Used when no profiles are at hand; a job
-#: runs ``samples / batch_size`` iterations.
-POLLUX_DEFAULT_SAMPLES: Mapping[str, int] = {
-    "bert": 180_000,
-    "cifar10": 5_000_000,
-    "deepspeech2": 570_000,
-    "imagenet": 115_000_000,
-    "ncf": 50_000_000,
-    "yolov3": 830_000,
-}
-
 
 class _PolluxIterations:
-    """Iterations per (application, batch size), from profiles or our defaults.
-
-    With a data folder, the training-progress trace
-    ``profiles/pollux/<app>/validation-<bsz>.csv`` whose batch size is nearest (in
-    ratio) gives the iterations its run took (its last row), scaled to the job's batch
-    as ``iterations * file_bsz / job_bsz``: the same number of samples.
-    """
+    """Iterations a Pollux job of (application, batch size) runs until it converges:
+    from the application's training-progress traces under the data folder, or the
+    project's built-in curves (see :mod:`libs.core.convergence`)."""
 
     def __init__(self, data_dir: Path | None) -> None:
         self.data_dir = data_dir
-        self._runs: dict[str, list[tuple[int, int]]] = {}
+        self._curves: dict[str, tuple[Convergence | None, str]] = {}
         self.sources: Counter[str] = Counter()
 
     def __call__(self, app: str, batch_size: int) -> int:
-        runs = self._profile_runs(app)
-        if runs:
-            bsz, iters = min(runs, key=lambda r: abs(math.log(r[0] / batch_size)))
-            self.sources["profiles"] += 1
-            return max(1, round(iters * bsz / batch_size))
-        samples = POLLUX_DEFAULT_SAMPLES.get(app)
-        if samples is None:
-            known = _names(set(POLLUX_DEFAULT_SAMPLES))
+        if app not in self._curves:
+            self._curves[app] = self._curve(app)
+        curve, source = self._curves[app]
+        if curve is None:
+            known = _names(set(BUILTIN_CONVERGENCE))
             raise _BadField("application", f"no profile or default for {app!r}; known: {known}")
-        self.sources["built-in defaults"] += 1
-        return max(1, round(samples / batch_size))
+        self.sources[source] += 1
+        return max(1, round(curve.total_iterations(batch_size)))
 
-    def _profile_runs(self, app: str) -> list[tuple[int, int]]:
-        if self.data_dir is None:
-            return []
-        if app not in self._runs:
+    def _curve(self, app: str) -> tuple[Convergence | None, str]:
+        if self.data_dir is not None:
             folder = self.data_dir / "profiles" / "pollux" / app
-            self._runs[app] = [_last_iteration(f) for f in sorted(folder.glob("validation-*.csv"))]
-        return self._runs[app]
-
-
-def _last_iteration(path: Path) -> tuple[int, int]:
-    """(batch size, iterations of the run) of one Pollux training-progress trace."""
-    try:
-        batch = int(path.stem.removeprefix("validation-"))
-    except ValueError:
-        raise TraceError(f"{path}: expected a name like validation-<batch size>.csv") from None
-    _, rows = _open_csv(path, ("progress", "iteration"))
-    tail = deque(rows, maxlen=1)  # only the final row matters: the run's total
-    line, row = tail[0] if tail else (0, _BadField(None, "no rows"))
-    if isinstance(row, _BadField):
-        raise TraceError(f"{path}: no readable final row")
-    try:
-        return batch, _int(row, "iteration")
-    except _BadField as bad:
-        raise TraceError(f"{path}:{line}: field 'iteration': {bad.message}") from None
+            try:
+                measured = read_convergence(folder) if folder.is_dir() else None
+            except ValueError as bad:
+                raise TraceError(str(bad)) from None
+            if measured is not None:
+                return measured, "profiles"
+        return builtin_convergence(app), "built-in defaults"
 
 
 def _load_pollux(path: Path, opts: _Options) -> _Collected[TraceJob]:

@@ -775,6 +775,14 @@ class LiveScheduler(Actor[Message]):
         job = self.jobs.get(start.job_id)
         if job is None or job.phase != Phase.WAITING or self.layout is None:
             return
+        shape: dict[str, int] = {}
+        if start.batch_size is not None:
+            elastic = Resize(start.job_id, start.gpu_ids, start.batch_size, start.accum_steps)
+            problem = _resize_problem(job.record, elastic)
+            if problem:
+                self.log.warning("elastic start ignored", job_id=job.id, error=problem)
+                return
+            shape = {"batch_size": start.batch_size, "gpus": len(start.gpu_ids)}
         placement = self.layout.placement(start.gpu_ids)
         run_id = job.record.run_id + 1
         job.phase = Phase.STARTING
@@ -790,11 +798,14 @@ class LiveScheduler(Actor[Message]):
                 pending_reason="starting",
                 cpus=start.cpus,
                 mem_gb=start.mem_gb,
+                **shape,
             ),
         )
+        if shape:
+            self._reestimate(job)
         self.log.info(
             "starting job", job_id=job.id, placement=[(p.node, p.gpus) for p in placement],
-            accum_steps=start.accum_steps, shares_with=list(start.shares_with),
+            accum_steps=start.accum_steps, shares_with=list(start.shares_with), **shape,
             **({"cpus": start.cpus} if start.cpus is not None else {}),
             **({"mem_gb": start.mem_gb} if start.mem_gb is not None else {}),
         )

@@ -17,10 +17,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from libs.core.cluster import Cluster, HostUse
+from libs.core.convergence import Convergence, remaining_after_resize
 from libs.core.decision import Decision, Reallocate, Resize, Start, decision_problems
 from libs.core.jobs import JobSpec
 from libs.core.lifecycle import JobState
-from libs.core.perf import PerformanceModel
+from libs.core.perf import ConvergenceSource, PerformanceModel
+from libs.core.progress import EpochRecord, ProgressPredictor
 from libs.core.snapshot import JobView, Snapshot
 from services.scheduler.policies.base import Policy, QueueSort, unschedulable_reason
 from services.scheduler.results import (
@@ -66,13 +68,16 @@ class SimJob:
     __slots__ = (
         "accum",
         "attained",
+        "convergence",
         "cpu_mem_speedup",
         "cpus",
         "est_iter",
         "exclusive_iter",
+        "exclusive_s",
         "finish_time",
         "first_start",
         "gpu_ids",
+        "history",
         "iter_time",
         "last_settle",
         "mem_gb",
@@ -82,6 +87,7 @@ class SimJob:
         "queue_total",
         "queued_since",
         "remaining",
+        "samples_done",
         "shared",
         "spec",
         "started_at",
@@ -95,6 +101,15 @@ class SimJob:
         self.est_iter = est_iter  # estimated seconds/iteration, consolidated, alone
         self.exclusive_iter = exclusive_iter  # true seconds/iteration, consolidated, alone
         self.remaining = float(spec.iterations)
+        #: seconds it needs alone at the shape it asked for (fixed at arrival)
+        self.exclusive_s = spec.iterations * exclusive_iter
+        #: the model's convergence curve, with the job's own length over the curve's;
+        #: None when the job runs fixed iterations whatever its batch
+        self.convergence: tuple[Convergence, float] | None = None
+        #: samples processed, and what it reported after each epoch (jobs with a
+        #: convergence curve, when the policy predicts progress from epochs)
+        self.samples_done = 0.0
+        self.history: list[EpochRecord] = []
         #: QUEUED, RUNNING, PREEMPTED (queued again), SUCCEEDED, or FAILED when no
         #: placement on the cluster fits it
         self.state = JobState.QUEUED
@@ -200,6 +215,14 @@ class Simulator:
         self.last_decision: Decision | None = None
         self.timeline: list[TimelinePoint] = []
         self._idle = Snapshot.of_idle_cluster(cluster, self.estimates)
+        self._converges = truth if isinstance(truth, ConvergenceSource) else None
+        #: a policy that sizes jobs by predicted progress (ONES) gets every converging
+        #: job's remaining time from a progress predictor trained on the finished ones
+        self._progress = (
+            ProgressPredictor(seed=getattr(policy, "seed", 0))
+            if getattr(policy, "predicts_progress", False)
+            else None
+        )
 
     # ---- event plumbing -------------------------------------------------------------
     def _push(self, at: float, kind: int, job_id: str = "", version: int = 0) -> None:
@@ -220,7 +243,9 @@ class Simulator:
         while events:
             now = events[0][0]
             self._advance(now)
-            changed = round_due = False
+            # a wake-up the policy asked for is due even when nothing waits: an elastic
+            # policy grows running jobs then
+            changed = round_due = woken = False
             while events and events[0][0] == now:
                 _, _, kind, job_id, version = heapq.heappop(events)
                 if kind == ARRIVAL:
@@ -228,12 +253,14 @@ class Simulator:
                 elif kind == FINISH:
                     changed |= self._finish(job_id, version)
                 elif kind == WAKE:
-                    changed |= version == self.wake_version
+                    woken |= version == self.wake_version
                 else:
                     round_due = True
             if round_due and round_s is not None and self.done < total:
                 self._push(now + round_s, ROUND)
-            if (changed and self.pending) or (round_due and (self.pending or self.running)):
+            if (changed and self.pending) or (
+                (round_due or woken) and (self.pending or self.running)
+            ):
                 self._decide(now)
             self._record(now)
             if self.progress is not None and (self.done & 1023) == 0:
@@ -262,6 +289,9 @@ class Simulator:
             return self._refuse(job, unschedulable_reason(self._view(job), self._idle))
         est_iter, true_iter = self._alone_iter(spec)
         job = SimJob(spec, est_iter, true_iter)
+        curve = self._converges.convergence(spec.model) if self._converges else None
+        if curve is not None:
+            job.convergence = (curve, spec.iterations / curve.total_iterations(spec.batch_size))
         self.jobs[job_id] = job
         view = self._view(job)
         bad = unschedulable_reason(view, self._idle)
@@ -299,7 +329,7 @@ class Simulator:
             model=spec.model,
             gpus=spec.gpus,
             batch_size=spec.batch_size,
-            est_remaining_s=job.remaining * job.est_iter,
+            est_remaining_s=self._predicted_remaining_iterations(job) * job.est_iter,
             attained_gpu_s=job.attained,
             as_of=self.clock,
             allow_sharing=spec.allow_sharing,
@@ -316,6 +346,45 @@ class Simulator:
             mem_gb=job.mem_gb if running else None,
         )
 
+    def _predicted_remaining_iterations(self, job: SimJob) -> float:
+        """Iterations the policy believes a job has left: the estimate every policy
+        uses, pulled towards the progress predictor's as it learns from finished jobs
+        of the job's data set (an early predictor called long jobs nearly done, and
+        such jobs then held their GPUs for hours)."""
+        predictor = self._progress
+        if predictor is None or not job.history:
+            return job.remaining
+        last = job.history[-1]
+        epochs = predictor.total_epochs(last)
+        if epochs is None:
+            return job.remaining
+        predicted = max(0.0, epochs * last.epoch_samples - job.samples_done)
+        trust = predictor.trust(last)
+        return trust * predicted / job.spec.batch_size + (1 - trust) * job.remaining
+
+    def _learn_progress(self, job: SimJob) -> None:
+        """Teach the progress predictor a finished job; after a retraining, every view
+        gets the new predictions."""
+        predictor = self._progress
+        if predictor is None or not job.history:
+            return
+        predictor.add_finished(job.history)
+        if not predictor.retrain_due():
+            return
+        predictor.train()
+        for other in self.jobs.values():
+            if other.state is JobState.RUNNING and other.history:
+                self._settle(other)
+                other.view = self._view(other)
+                self.running[other.spec.job_id] = other.view
+            elif other.spec.job_id in self.pending and other.history:
+                old = self.pending[other.spec.job_id]
+                self.queue.remove(old)
+                for queue in self.extra_queues:
+                    queue.remove(old)
+                del self.pending[other.spec.job_id]
+                self._enqueue(self._view(other))
+
     def _settle(self, job: SimJob) -> None:
         """Bring a running job's progress up to the clock."""
         elapsed = self.clock - job.last_settle
@@ -326,8 +395,31 @@ class Simulator:
             spent = min(elapsed, job.overhead_left)
             job.overhead_left -= spent
             elapsed -= spent
-        job.remaining = max(0.0, job.remaining - elapsed / job.iter_time)
+        done = min(job.remaining, elapsed / job.iter_time)
+        if self._progress is not None and job.convergence is not None:
+            self._record_epochs(job, done)
+        job.samples_done += done * job.spec.batch_size
+        job.remaining = max(0.0, job.remaining - done)
         job.last_settle = self.clock
+
+    def _record_epochs(self, job: SimJob, iterations: float) -> None:
+        """The epoch records a job crossed in the next ``iterations`` at its batch, with
+        the validation metric its curve reaches there."""
+        curve, scale = job.convergence  # type: ignore[misc]  # checked by the caller
+        epoch = curve.epoch_samples
+        if epoch is None:
+            return
+        batch = job.spec.batch_size
+        before = job.samples_done
+        total = scale * curve.total_iterations(batch)
+        first = math.floor(before / epoch) + 1
+        last = math.floor((before + iterations * batch) / epoch)
+        for k in range(first, last + 1):
+            left = job.remaining - (k * epoch - before) / batch
+            reached = curve.progress_after(batch, max(0.0, total - left) / scale)
+            metric = curve.metric_at(reached)
+            opening = job.history[0].metric if job.history else metric
+            job.history.append(EpochRecord(epoch, float(k), metric, opening))
 
     def _retime(self, job: SimJob) -> None:
         """Recompute a running job's true speed and its completion event."""
@@ -372,6 +464,7 @@ class Simulator:
         job.state = JobState.SUCCEEDED
         job.finish_time = self.clock
         self.done += 1
+        self._learn_progress(job)
         for other in partners:
             self._settle(other)
             self._retime(other)
@@ -458,14 +551,14 @@ class Simulator:
             self._retime(other)
 
     def _resize(self, resize: Resize) -> None:
-        """Restart a running job from its checkpoint with a new batch and GPUs: it keeps
-        its remaining iterations and pays the restart overhead, as after a preemption."""
+        """Restart a running job from its checkpoint with a new batch and GPUs, paying
+        the restart overhead as after a preemption. A job whose model has a convergence
+        curve keeps the progress it made, so the iterations it has left follow the new
+        batch's statistical efficiency; any other job keeps its remaining iterations."""
         job = self.jobs[resize.job_id]
         self._settle(job)
         partners = self._release(job)
-        spec = replace(job.spec, batch_size=resize.batch_size, gpus=len(resize.gpu_ids))
-        job.spec = spec
-        job.est_iter, job.exclusive_iter = self._alone_iter(spec)
+        self._reshape(job, resize.batch_size, len(resize.gpu_ids))
         job.state = JobState.PREEMPTED
         job.overhead_left = self.config.restart_overhead_s
         job.queued_since = self.clock
@@ -476,8 +569,22 @@ class Simulator:
             self._retime(other)
         self._start(Start(resize.job_id, resize.gpu_ids, resize.accum_steps))
 
+    def _reshape(self, job: SimJob, batch_size: int, gpus: int) -> None:
+        """Give a job that holds no GPUs a new global batch and GPU count."""
+        if job.convergence is not None and batch_size != job.spec.batch_size:
+            curve, scale = job.convergence
+            job.remaining = remaining_after_resize(
+                curve, job.spec.batch_size, job.remaining, batch_size, scale
+            )
+        job.spec = replace(job.spec, batch_size=batch_size, gpus=gpus)
+        job.est_iter, job.exclusive_iter = self._alone_iter(job.spec)
+
     def _start(self, start: Start) -> None:
         job = self.jobs[start.job_id]
+        if start.batch_size is not None and (
+            start.batch_size != job.spec.batch_size or len(start.gpu_ids) != job.spec.gpus
+        ):
+            self._reshape(job, start.batch_size, len(start.gpu_ids))
         spec = job.spec
         mem = self.truth.gpu_memory_mb(
             spec.model, spec.batch_size / (spec.gpus * start.accum_steps)
@@ -557,7 +664,7 @@ class Simulator:
         last_finish = origin
         for spec in self.specs:
             job = self.jobs[spec.job_id]
-            exclusive = spec.iterations * job.exclusive_iter
+            exclusive = job.exclusive_s
             if job.state is JobState.SUCCEEDED:
                 assert job.finish_time is not None
                 last_finish = max(last_finish, job.finish_time)

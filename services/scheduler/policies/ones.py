@@ -29,12 +29,14 @@ Where this differs from the method's description (DESIGN.md section 5, ONES), an
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from libs.core.decision import Decision, Preempt, Resize, Start
+from libs.core.perf import ConvergenceSource
 from libs.core.snapshot import JobView, Snapshot
 from services.scheduler.policies.base import (
     ModelBasis,
@@ -86,6 +88,9 @@ class Ones:
     min_run_s: float = 120.0
     name: str = "ones"
     preemptive: bool = True
+    #: a simulator gives converging jobs the remaining time its progress predictor
+    #: sees in their epochs (ONES's fitness counts predicted remaining samples)
+    predicts_progress: bool = True
     queue_sort: QueueSort | None = None
     _rng: np.random.Generator = field(init=False, repr=False)
     _population: list[tuple[str | None, ...]] = field(default_factory=list, repr=False)
@@ -144,21 +149,26 @@ class Ones:
                     reasons[view.job_id] = bad
                     continue
             base = max(1, asked_batch // asked_gpus)
+            largest = max(asked_batch, _largest_useful_batch(snapshot, view.model))
 
             def batch_at(
                 n: int,
                 asked_gpus: int = asked_gpus,
                 asked_batch: int = asked_batch,
                 base: int = base,
+                largest: int = largest,
             ) -> int:
-                return asked_batch if n == asked_gpus else base * n
+                # past the largest useful batch the global batch is held and the
+                # per-GPU batch shrinks, as past ONES's max_lr
+                return asked_batch if n == asked_gpus else max(n, min(base * n, largest))
 
             _, iter_now = self._shape(snapshot, view, view.batch_size, view.gpus)
             remaining_iters = view.remaining_s(now) / iter_now if iter_now > 0 else 0.0
             samples = remaining_iters * view.batch_size
             if not view.running:
                 kind = "new"
-                ladder = [view.gpus]
+                # a new job starts on one GPU; a preempted one at half its last size
+                ladder = [_doubling_floor(max(1, view.gpus // 2)) if view.preemptions else 1]
             elif now - view.started_at < self.min_run_s:
                 kind = "frozen"
                 ladder = [view.gpus]
@@ -166,7 +176,7 @@ class Ones:
                 kind = "running"
                 limit = min(total, GROWTH_LIMIT * asked_gpus, 2 * view.gpus)
                 ladder = []
-                n = asked_gpus
+                n = 1
                 while n <= limit:
                     ladder.append(n)
                     n *= 2
@@ -242,9 +252,16 @@ class Ones:
             key=lambda i: (jobs[i].one_gpu_s, jobs[i].view.job_id),
         )
         free = total - sum(size)
-        # too many GPUs asked: shrink the changeable jobs that have the longest to go
-        for i in reversed(by_one_gpu + [i for i, j in enumerate(jobs) if j.kind == "new"]):
-            while free < 0 and size[i] > 0:
+        # too many GPUs asked: undo growth first (longest to go first), then leave out
+        # new jobs, then shrink executed jobs below their size; padding gives new jobs
+        # the first free GPUs, so growth must not squeeze them out here either
+        new_jobs = [i for i, j in enumerate(jobs) if j.kind == "new"]
+        for i, floor_of in (
+            *((i, lambda j: j.view.gpus) for i in reversed(by_one_gpu)),
+            *((i, lambda j: 0) for i in reversed(new_jobs)),
+            *((i, lambda j: 0) for i in reversed(by_one_gpu)),
+        ):
+            while free < 0 and size[i] > floor_of(jobs[i]):
                 smaller = [n for n in jobs[i].sizes if n < size[i]]
                 nxt = smaller[-1] if smaller else 0
                 free += size[i] - nxt
@@ -371,7 +388,11 @@ class Ones:
                         "remaining GPU time"
                     )
                 else:
-                    starts.append(Start(view.job_id, gpus, job.cost[len(gpus)][1]))
+                    _, accum, batch = job.cost[len(gpus)]
+                    elastic = len(gpus) != view.gpus or batch != view.batch_size
+                    starts.append(
+                        Start(view.job_id, gpus, accum, batch_size=batch if elastic else None)
+                    )
             elif gpus is None:
                 preemptions.append(Preempt(view.job_id, "the best schedule found drops it for now"))
             elif gpus != tuple(sorted(view.gpu_ids)):
@@ -401,6 +422,20 @@ class Ones:
             default_reason="waiting for the next generation of the search",
             wake_at=snapshot.now + self.min_run_s if jobs else None,
         )
+
+
+def _largest_useful_batch(snapshot: Snapshot, model: str) -> int:
+    """The largest global batch worth growing a job of ``model`` to: the largest batch
+    its convergence curve was measured at (Pollux bounds its jobs' batches the same
+    way); unbounded where the estimates know no curve."""
+    estimates = snapshot.estimates
+    curve = estimates.convergence(model) if isinstance(estimates, ConvergenceSource) else None
+    return sys.maxsize if curve is None else int(curve.max_batch)
+
+
+def _doubling_floor(n: int) -> int:
+    """The largest power of two not above ``n`` (the sizes ONES grows a job through)."""
+    return 1 << (n.bit_length() - 1)
 
 
 def _contiguous(ids: Sequence[int]) -> bool:

@@ -1,0 +1,69 @@
+"""Pollux workloads on 16 nodes x 4 GPUs: the elastic `ones` (several seeds) against
+`tiresias` and `srtf`, with jobs that end on convergence (each model's curve from the
+Pollux training-progress traces). Prints average, median and p99 JCT per policy.
+
+    python bench/pollux_elastic.py [--workloads 6] [--seeds 3] [--data-dir ../shared/data]
+
+Published (an elastic reference simulator on workload-6, 16 x 4 GPUs): Tiresias 3,470 s,
+Optimus 5,302 s, Pollux 2,446 s average JCT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from speed import print_machine_speed  # bench/ is the script's own directory
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from services.scheduler.policies import make_policy  # noqa: E402
+from services.scheduler.policies.ones import Ones  # noqa: E402
+from services.scheduler.runner import build_cluster, build_models, load_workload  # noqa: E402
+from services.scheduler.simulator import simulate  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--workloads", default="6", help="comma-separated workload numbers")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds of ones to average")
+    parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
+    args = parser.parse_args()
+    print_machine_speed()
+    folder = args.data_dir / "traces" / "pollux-workloads" / "workloads"
+    if not folder.is_dir():
+        sys.exit(f"no Pollux workloads under {folder}: see docs/trace-format.md")
+    truth, _ = build_models(args.data_dir)
+    cluster = build_cluster("16x4", None)
+    for number in args.workloads.split(","):
+        path = folder / f"workload-{number.strip()}.csv"
+        jobs = load_workload(path, "pollux", truth, data_dir=args.data_dir, cluster=cluster).jobs
+        print(f"{path.name}: {len(jobs)} jobs")
+        runs = [("tiresias", make_policy("tiresias")), ("srtf", make_policy("srtf"))]
+        runs += [(f"ones seed {s}", Ones(seed=s)) for s in range(args.seeds)]
+        ones_means = []
+        for label, policy in runs:
+            began = time.perf_counter()
+            result = simulate(cluster, jobs, policy, truth)
+            wall_s = time.perf_counter() - began
+            jct = [o.jct_s for o in result.jobs if o.jct_s is not None]
+            mean = statistics.mean(jct)
+            if label.startswith("ones"):
+                ones_means.append(mean)
+            p99 = statistics.quantiles(jct, n=100)[98]
+            print(
+                f"  {label:<12} avg JCT {mean:7.0f} s  median {statistics.median(jct):6.0f} s"
+                f"  p99 {p99:7.0f} s  util {result.gpu_util:5.1%}  resizes {result.resizes:4d}"
+                f"  preemptions {result.preemptions:4d}  wall {wall_s:5.1f} s"
+            )
+        if ones_means:
+            mean = statistics.mean(ones_means)
+            print(f"  ones over {len(ones_means)} seeds: avg JCT {mean:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
