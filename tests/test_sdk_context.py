@@ -99,6 +99,13 @@ def test_the_ranks_of_a_job_across_nodes_are_read_from_the_environment(tmp_path:
     assert (ctx.rendezvous, ctx.first_rank, ctx.world_size) == ("tcp://node-a:29500", 2, 4)
 
 
+def test_the_jobs_data_set_size_is_read_when_given(tmp_path: Path) -> None:
+    given = JobContext.from_env(managed_env(tmp_path, GPUSCHED_DATASET_SIZE="50000"))
+    absent = JobContext.from_env(managed_env(tmp_path))
+
+    assert (given.dataset_size, absent.dataset_size) == (50000, None)
+
+
 @pytest.mark.parametrize("variable", REQUIRED_UNDER_GPUSCHED[1:])
 def test_a_missing_variable_under_gpusched_is_named(tmp_path: Path, variable: str) -> None:
     env = managed_env(tmp_path)
@@ -126,6 +133,7 @@ def test_a_missing_variable_under_gpusched_is_named(tmp_path: Path, variable: st
         ("GPUSCHED_PROGRESS_FILE", ""),
         ("GPUSCHED_FIRST_RANK", "-2"),
         ("GPUSCHED_WORLD_SIZE", "four"),
+        ("GPUSCHED_DATASET_SIZE", "0"),
     ],
 )
 def test_an_invalid_variable_is_named(tmp_path: Path, variable: str, value: str) -> None:
@@ -240,6 +248,19 @@ def test_a_loss_that_is_not_a_number_is_written_as_null(tmp_path: Path) -> None:
 
     lines = progress_lines(tmp_path / "progress.jsonl")
     assert [line["loss"] for line in lines] == [None, None]
+
+
+def test_training_metrics_go_into_every_line_until_replaced(tmp_path: Path) -> None:
+    ctx = context(tmp_path, FakeClock())
+    ctx.report(1, force=True, metrics={"epoch": 0.5, "lr": 0.1, "accuracy": None})
+    ctx.report(2, force=True)
+    ctx.report(3, force=True, metrics={"epoch": 1.5, "lr": 0.2, "accuracy": math.nan})
+    ctx.checkpointed(3)
+
+    lines = progress_lines(tmp_path / "progress.jsonl")
+    assert [(line["epoch"], line["lr"], line["accuracy"]) for line in lines] == [
+        (0.5, 0.1, None), (0.5, 0.1, None), (1.5, 0.2, None), (1.5, 0.2, None)
+    ]
 
 
 def test_the_given_memory_overrides_the_measured_one(tmp_path: Path) -> None:

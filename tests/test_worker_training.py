@@ -15,13 +15,25 @@ from libs.core.groundtruth import ProfilePerformanceModel
 from libs.sdk import JobContext
 from services.nodeagent.worker.catalog import (
     ZOO_MODELS,
+    CpuCost,
     ModelSpec,
     UnknownModelNameError,
+    cpu_cost_for,
     zoo_model_for,
+)
+from services.nodeagent.worker.pipeline import (
+    ENTRY_OVERHEAD_BYTES,
+    GIB,
+    RECORD_BYTES,
+    DataSet,
+    DecodedCache,
+    InputPipeline,
+    cache_budget_bytes,
 )
 from services.nodeagent.worker.profiling import profile
 from services.nodeagent.worker.training import (
     CheckpointMismatchError,
+    Resources,
     Trainer,
     TrainingOptions,
     make_optimizer,
@@ -62,9 +74,12 @@ def saved(ctx: JobContext) -> dict[str, Any]:
     return state
 
 
+def lines_of(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 def events(path: Path) -> list[tuple[str, int]]:
-    lines = [json.loads(line) for line in path.read_text().splitlines()]
-    return [(line["event"], line["iteration"]) for line in lines]
+    return [(line["event"], line["iteration"]) for line in lines_of(path)]
 
 
 # ---------------------------------------------------------------------- catalog
@@ -108,6 +123,87 @@ def test_synthetic_data_is_a_function_of_seed_and_iteration(zoo: str) -> None:
     assert not torch.equal(inputs, next_inputs)
     assert not torch.equal(inputs, other_seed_inputs)
     assert targets.unique().numel() > 1
+
+
+def test_a_sample_is_the_same_whatever_the_batches_and_workers_around_it() -> None:
+    data = DataSet(seed=2, size=40, cost=cpu_cost_for("resnet18"))
+    inline = InputPipeline(data, DecodedCache(0))
+    parallel = InputPipeline(data, DecodedCache(0), workers=2)
+    try:
+        whole = inline.images(range(30, 60))
+        parallel.prefetch(range(30, 45))
+        halves = torch.cat([parallel.images(range(30, 45)), parallel.images(range(45, 60))])
+    finally:
+        parallel.close()
+
+    assert whole.shape == (30, 3, 16, 16)
+    assert torch.equal(halves, whole)
+
+
+def test_every_epoch_reads_every_sample_once_in_its_own_order() -> None:
+    data = DataSet(seed=0, size=50)
+
+    first_epochs, first = data.locate(range(0, 50))
+    second_epochs, second = data.locate(range(50, 100))
+
+    assert set(first_epochs) == {0} and set(second_epochs) == {1}
+    assert sorted(first) == sorted(second) == list(range(50))
+    assert first != second
+
+
+def test_cpu_sensitive_models_do_more_work_per_sample_than_insensitive_ones() -> None:
+    hungry, medium, light = (cpu_cost_for(m) for m in ("resnet18", "resnet50", "vgg16"))
+
+    assert hungry.decode_passes > medium.decode_passes > light.decode_passes == 0
+    assert hungry.augment_passes > medium.augment_passes > light.augment_passes == 0
+    assert cpu_cost_for("cnn") == CpuCost()
+
+
+def test_the_cache_holds_what_the_memory_allows_and_more_memory_saves_decoding() -> None:
+    record_cost = RECORD_BYTES + ENTRY_OVERHEAD_BYTES
+    data = DataSet(seed=0, size=64, cost=CpuCost(decode_passes=1))
+    decodes = []
+    for entries in (0, 16, 64):
+        pipeline = InputPipeline(data, DecodedCache(entries * record_cost))
+        for start in range(0, 128, 16):  # two epochs
+            pipeline.images(range(start, start + 16))
+        assert len(pipeline.cache) == entries
+        assert pipeline.cache.nbytes <= entries * record_cost
+        decodes.append(pipeline.decoded)
+
+    assert decodes == [128, 112, 64]
+
+
+def test_a_smaller_bound_drops_cached_samples_and_the_process_keeps_its_own_memory() -> None:
+    record_cost = RECORD_BYTES + ENTRY_OVERHEAD_BYTES
+    pipeline = InputPipeline(DataSet(seed=0, size=32), DecodedCache(32 * record_cost))
+    pipeline.images(range(32))
+    pipeline.cache.resize(10 * record_cost)
+
+    assert len(pipeline.cache) == 10
+    assert cache_budget_bytes(1.0, GIB / 4) == 3 * GIB // 4
+    assert cache_budget_bytes(0.5, GIB) == 0
+
+
+def test_pipeline_workers_and_torch_threads_follow_the_allocation() -> None:
+    trainer = Trainer(
+        ModelSpec.for_model("resnet18"),
+        batch_size=8,
+        accum_steps=1,
+        device="cpu",
+        options=TrainingOptions(dataset_size=16, cpu_cost=cpu_cost_for("resnet18")),
+        resources=Resources(cores=2, mem_gb=None),
+    )
+    try:
+        trainer.step(0)
+        assert (trainer.pipeline.workers, torch.get_num_threads()) == (2, 2)
+        assert len(trainer.pipeline.cache) == 8
+        trainer.allocate(Resources(cores=1, mem_gb=0.0))
+        trainer.step(1)
+        assert (trainer.pipeline.workers, torch.get_num_threads()) == (0, 1)
+        assert len(trainer.pipeline.cache) == 0 and trainer.pipeline.decoded == 16
+    finally:
+        trainer.close()
 
 
 # ---------------------------------------------------------------------- accumulation

@@ -54,12 +54,14 @@ WORLD_SIZE = "GPUSCHED_WORLD_SIZE"
 CPUS = "GPUSCHED_CPUS"
 MEM_GB = "GPUSCHED_MEM_GB"
 ALLOCATION_FILE = "GPUSCHED_ALLOCATION_FILE"
+#: the job's option, when it gives it: samples in its data set (an epoch)
+DATASET_SIZE = "GPUSCHED_DATASET_SIZE"
 
 #: every variable the node agent sets for a job process (besides CUDA_VISIBLE_DEVICES)
 ENV_VARIABLES = (
     JOB_ID, RUN_ID, MODEL, BATCH_SIZE, ACCUM_STEPS, GPUS, DEVICE, TOTAL_ITERATIONS,
     START_ITERATION, CHECKPOINT_DIR, CHECKPOINT_EVERY, PROGRESS_FILE, NODE, RENDEZVOUS,
-    FIRST_RANK, WORLD_SIZE, CPUS, MEM_GB, ALLOCATION_FILE,
+    FIRST_RANK, WORLD_SIZE, CPUS, MEM_GB, ALLOCATION_FILE, DATASET_SIZE,
 )  # fmt: skip
 #: without these a job cannot run or be tracked, so under gpusched their absence is an error
 REQUIRED_UNDER_GPUSCHED = (
@@ -122,6 +124,8 @@ class JobContext:
     cpus: tuple[int, ...] = ()
     mem_gb: float | None = None
     allocation_file: Path | None = None
+    #: the job's option (None: not given)
+    dataset_size: int | None = None
     progress_interval_s: float = DEFAULT_PROGRESS_INTERVAL_S
     monotonic: Callable[[], float] = field(default=time.monotonic, repr=False)
     wall_clock: Callable[[], float] = field(default=time.time, repr=False)
@@ -133,6 +137,7 @@ class JobContext:
     _last_emit: float | None = field(default=None, init=False, repr=False)
     _last_rate: float = field(default=0.0, init=False, repr=False)
     _last_loss: float | None = field(default=None, init=False, repr=False)
+    _metrics: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
     _pending_iteration: int | None = field(default=None, init=False, repr=False)
     _allocation_stamp: tuple[int, int, int] | None = field(default=None, init=False, repr=False)
 
@@ -180,6 +185,10 @@ class JobContext:
             raise _field_error("mem_gb", MEM_GB, f"must be a number >= 0, got {self.mem_gb}")
         if self.allocation_file is not None:
             self.allocation_file = Path(self.allocation_file)
+        if self.dataset_size is not None and self.dataset_size < 1:
+            raise _field_error(
+                "dataset_size", DATASET_SIZE, f"must be >= 1, got {self.dataset_size}"
+            )
         if self.progress_interval_s < 0:
             raise ValueError(f"progress_interval_s must be >= 0, got {self.progress_interval_s}")
         self.checkpoint_dir = Path(self.checkpoint_dir)
@@ -304,16 +313,24 @@ class JobContext:
         samples: float | None = None,
         gpu_mem_mb: float | None = None,
         force: bool = False,
+        metrics: Mapping[str, Any] | None = None,
     ) -> bool:
         """Record that ``iteration`` iterations are complete; maybe write a progress line.
 
         ``samples`` is what this iteration processed (default: the global batch). Lines are
         written at most every :attr:`progress_interval_s` unless ``force``; samples/s covers
-        everything since the previous line. Returns whether a line was written.
+        everything since the previous line. ``metrics`` (JSON numbers, strings or None;
+        e.g. epochs done, learning rate, accuracy) go into this and every later line until
+        replaced. Returns whether a line was written.
         """
         self._window_samples += self.batch_size if samples is None else samples
         if loss is not None:
             self._last_loss = loss
+        if metrics is not None:
+            self._metrics = {
+                key: None if isinstance(value, float) and not math.isfinite(value) else value
+                for key, value in metrics.items()
+            }
         self._pending_iteration = iteration
         now = self.monotonic()
         due = self._last_emit is None or now - self._last_emit >= self.progress_interval_s
@@ -376,6 +393,7 @@ class JobContext:
             "gpu_mem_mb": self.memory_mb() if gpu_mem_mb is None else gpu_mem_mb,
             "at": self.wall_clock(),
         }
+        line.update(self._metrics)
         line.update(_cpu_use())
         stream = self._progress_stream
         if stream is None:
@@ -488,4 +506,5 @@ ENVIRONMENT: dict[str, Setting[Any]] = {
     "cpus": Setting(CPUS, settings.integers(low=0)),
     "mem_gb": Setting(MEM_GB, settings.number(0)),
     "allocation_file": Setting(ALLOCATION_FILE, settings.path()),
+    "dataset_size": Setting(DATASET_SIZE, settings.integer(low=1)),
 }

@@ -45,6 +45,8 @@ def process_plan(
         job_env.NODE: config.name,
         "PYTHONUNBUFFERED": "1",
     }
+    if spec.dataset_size is not None:
+        contract[job_env.DATASET_SIZE] = spec.dataset_size
     if start.rendezvous:
         contract[job_env.RENDEZVOUS] = start.rendezvous
         contract[job_env.FIRST_RANK] = start.first_rank

@@ -1,4 +1,5 @@
-"""Which zoo model stands in for a profile name, and how big it is (no torch import here).
+"""Which zoo model stands in for a profile name, how big it is, and how much CPU work its
+input pipeline does per sample (no torch import here).
 
 The worker does not train the real ResNet-50 or BERT: it trains a tiny model of the same
 kind so that a job really computes, checkpoints and resumes on any machine, including
@@ -9,8 +10,12 @@ reinforcement learning) the MLP on feature vectors.
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 from typing import Literal
+
+from libs.core.profiles.builtin import load_builtin
 
 ZooModel = Literal["mlp", "cnn", "transformer"]
 ZOO_MODELS: tuple[ZooModel, ...] = ("mlp", "cnn", "transformer")
@@ -99,3 +104,44 @@ class ModelSpec:
             width=default_width if width is None else width,
             depth=default_depth if depth is None else depth,
         )
+
+
+#: filter passes per sample of a model whose best-case CPU speed-up (its Synergy
+#: sensitivity class in libs/core/builtin/profiles.json) is 2x; a model with speed-up s
+#: gets (s - 1) times as many, so one that gains nothing from CPUs does no passes
+DECODE_PASSES_AT_DOUBLE_SPEED = 6
+AUGMENT_PASSES_AT_DOUBLE_SPEED = 3
+
+
+@dataclass(frozen=True, slots=True)
+class CpuCost:
+    """Per-sample CPU work of a model's input pipeline: filter passes to decode a raw
+    record (what a cache of decoded samples saves) and to augment it (redone every epoch).
+    Every sample also gets the fixed work of a crop, a flip and a brightness change."""
+
+    decode_passes: int = 0
+    augment_passes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.decode_passes < 0 or self.augment_passes < 0:
+            raise ValueError(
+                f"passes must be >= 0, got decode {self.decode_passes}, "
+                f"augment {self.augment_passes}"
+            )
+
+
+@functools.cache
+def _cpu_speedups() -> dict[str, float]:
+    profiles, _ = load_builtin()
+    return {name: profile.cpu_mem.speedup for name, profile in profiles.items()}
+
+
+def cpu_cost_for(name: str) -> CpuCost:
+    """The input-pipeline cost of a profile name, from its CPU sensitivity: the models
+    that Synergy's profiles find CPU-bound do the most work per sample; zoo names and
+    CPU-insensitive models only the fixed work."""
+    gain = max(0.0, _cpu_speedups().get(name.strip().lower(), 1.0) - 1.0)
+    return CpuCost(
+        decode_passes=math.ceil(DECODE_PASSES_AT_DOUBLE_SPEED * gain - 1e-9),
+        augment_passes=math.ceil(AUGMENT_PASSES_AT_DOUBLE_SPEED * gain - 1e-9),
+    )

@@ -28,6 +28,7 @@ from services.nodeagent.worker.catalog import (
     ModelSpec,
     UnknownModelNameError,
     ZooModel,
+    cpu_cost_for,
 )
 
 #: appends the number of every iteration this process executes (for tests and debugging)
@@ -43,6 +44,8 @@ DATA_PARALLEL_ENV = "GPUSCHED_WORKER_DATA_PARALLEL"
 RANKS_EXIT_WAIT_S = 30.0
 #: model used when neither --model nor GPUSCHED_MODEL names one (runs by hand)
 FALLBACK_MODEL = "mlp"
+#: the learning rate when --lr gives none
+FALLBACK_LR = 0.01
 USAGE_ERROR = 2
 
 
@@ -108,7 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--depth", type=_positive_int, help="hidden layers / conv blocks / layers")
     parser.add_argument("--seed", type=_non_negative_int, default=0, help="default: 0")
     parser.add_argument(
-        "--lr", type=_positive_float, default=0.01, help="SGD learning rate (default: 0.01)"
+        "--lr",
+        type=_positive_float,
+        help=f"SGD learning rate (default: {FALLBACK_LR})",
     )
     parser.add_argument(
         "--threads", type=_positive_int,
@@ -178,8 +183,11 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
             _start_rank(local, layout.rendezvous, argv) for local in range(1, layout.local_ranks)
         ]
 
-    import torch
+    # torch's threads share the run's cores with its input pipeline's workers: a thread
+    # spinning while it waits for work would take their time
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+    from services.nodeagent.worker.pipeline import DEFAULT_DATASET_SIZE
     from services.nodeagent.worker.training import (
         DataParallel,
         DebugHooks,
@@ -187,16 +195,27 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
         run_job,
     )
 
-    torch.set_num_threads(args.threads or ctx.cpu_threads)
-    options = TrainingOptions(seed=args.seed, learning_rate=args.lr)
+    options = TrainingOptions(
+        seed=args.seed,
+        learning_rate=args.lr or FALLBACK_LR,
+        dataset_size=ctx.dataset_size or DEFAULT_DATASET_SIZE,
+        cpu_cost=cpu_cost_for(name),
+    )
     parallel = (
-        DataParallel(layout.rank, layout.world_size, layout.rendezvous, layout.local_rank)
+        DataParallel(
+            layout.rank,
+            layout.world_size,
+            layout.rendezvous,
+            layout.local_rank,
+            local_ranks=layout.local_ranks,
+        )
         if layout.world_size > 1
         else None
     )
     try:
         with ctx:
-            run_job(ctx, spec, options, DebugHooks(iteration_log, hold_at), parallel)
+            hooks = DebugHooks(iteration_log, hold_at)
+            run_job(ctx, spec, options, hooks, parallel, args.threads)
     except BaseException:
         for process in others:
             process.kill()  # they would wait for this rank in a collective until it times out
@@ -297,7 +316,9 @@ def _profile(args: argparse.Namespace) -> int:
         accum_steps=args.accum_steps,
         warmup=args.warmup,
         repeats=args.repeats,
-        options=TrainingOptions(seed=args.seed, learning_rate=args.lr),
+        options=TrainingOptions(
+            seed=args.seed, learning_rate=args.lr or FALLBACK_LR, cpu_cost=cpu_cost_for(name)
+        ),
     )
     print(json.dumps(report, indent=2))
     return 0

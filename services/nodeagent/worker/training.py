@@ -10,6 +10,10 @@ each taking its share of every global batch, with DistributedDataParallel averag
 gradients (NCCL on GPUs, gloo on the CPU). Each sample's loss is weighted by its share of
 the global batch, so any number of ranks and accumulation steps computes the gradient of
 the same full-batch mean loss, and a checkpoint written by one shape resumes in another.
+
+The inputs come through the CPU input pipeline (:mod:`.pipeline`), whose worker processes
+and torch's threads follow the cores the run is pinned to, and whose cache of decoded
+samples is bounded by the run's memory; both follow a reallocation while the job runs.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import contextlib
 import datetime
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,14 +30,22 @@ import structlog
 import torch
 from torch import Tensor, nn
 
-from libs.sdk import JobContext
-from services.nodeagent.worker.catalog import ModelSpec
+from libs.sdk import JobContext, resident_set_mb
+from services.nodeagent.worker.catalog import CpuCost, ModelSpec
+from services.nodeagent.worker.pipeline import (
+    DEFAULT_DATASET_SIZE,
+    DataSet,
+    DecodedCache,
+    InputPipeline,
+    cache_budget_bytes,
+    workers_for,
+)
 from services.nodeagent.worker.zoo import SyntheticData, build_model, loss_of
 
 log = structlog.get_logger("gpusched.worker")
 
 #: version of the checkpoint layout written by :meth:`Trainer.state`
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
 DEFAULT_LEARNING_RATE = 0.01
 MOMENTUM = 0.9
 
@@ -95,14 +107,37 @@ def make_optimizer(model: nn.Module, learning_rate: float) -> torch.optim.Optimi
 
 @dataclass(frozen=True, slots=True)
 class TrainingOptions:
+    """The data set has ``dataset_size`` samples, each costing ``cpu_cost`` in the input
+    pipeline."""
+
     seed: int = 0
     learning_rate: float = DEFAULT_LEARNING_RATE
+    dataset_size: int = DEFAULT_DATASET_SIZE
+    cpu_cost: CpuCost = field(default_factory=CpuCost)
 
     def __post_init__(self) -> None:
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if self.dataset_size < 1:
+            raise ValueError(f"dataset_size must be >= 1, got {self.dataset_size}")
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """This process's part of the run's allocation: cores (its pipeline workers and torch
+    threads) and host memory (its cache; None: no allocation)."""
+
+    cores: int = 1
+    mem_gb: float | None = None
+
+    @classmethod
+    def of(cls, ctx: JobContext, ranks: int = 1) -> Resources:
+        """An equal part of the job's allocation on this node for each of its ``ranks``."""
+        ranks = max(1, ranks)
+        mem_gb = None if ctx.mem_gb is None else ctx.mem_gb / ranks
+        return cls(max(1, ctx.cpu_threads // ranks), mem_gb)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +161,8 @@ class DataParallel:
     #: rank among the job's processes on this node: its GPU is ``cuda:<local_rank>``
     local_rank: int = 0
     timeout_s: float = 300.0
+    #: the job's processes on this node, which share its cores and memory there
+    local_ranks: int = 1
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
@@ -158,7 +195,13 @@ def process_group(parallel: DataParallel | None, device: str) -> Iterator[None]:
 
 class Trainer:
     """A zoo model, its optimizer and its data, on one device (one rank of a
-    data-parallel run when ``parallel`` is given; the process group must be up)."""
+    data-parallel run when ``parallel`` is given; the process group must be up).
+
+    With ``resources`` the trainer sets torch's threads (``threads``, default one per
+    core) and runs its input pipeline on worker processes, one per core; without, it
+    leaves torch's threads alone and prepares its inputs in this process. Call
+    :meth:`close` when done: it stops the workers.
+    """
 
     def __init__(
         self,
@@ -169,6 +212,8 @@ class Trainer:
         device: str,
         options: TrainingOptions,
         parallel: DataParallel | None = None,
+        resources: Resources | None = None,
+        threads: int | None = None,
     ) -> None:
         ranks = parallel.world_size if parallel is not None else 1
         if batch_size < ranks * accum_steps:
@@ -182,6 +227,7 @@ class Trainer:
         self.device = torch.device(device)
         self.options = options
         self.parallel = parallel if ranks > 1 else None
+        self.threads = threads
         torch.manual_seed(options.seed)
         #: the bare model: its state is what checkpoints hold, whatever the number of ranks
         self.net = build_model(spec).to(self.device)
@@ -193,24 +239,55 @@ class Trainer:
             )
             self.model = self._ddp
         self.optimizer = make_optimizer(self.net, options.learning_rate)
-        self.data = SyntheticData(spec, options.seed)
+        #: samples of the global batch stream trained on so far, by all ranks
+        self.samples_seen = 0
+        data_set = DataSet(options.seed, options.dataset_size, options.cpu_cost)
+        self.pipeline = InputPipeline(data_set, DecodedCache(cache_budget_bytes(None, 0)))
+        self.data = SyntheticData(spec, options.seed, self.pipeline)
+        self.resources: Resources | None = None
+        if resources is not None:
+            self.allocate(resources)
+
+    def allocate(self, resources: Resources) -> None:
+        """Follow a (new) allocation: torch threads and pipeline workers per core, the
+        cache within the memory the process does not already hold."""
+        torch.set_num_threads(self.threads or resources.cores)
+        cache = self.pipeline.cache
+        held_by_others = resident_set_mb() * 2**20 - cache.nbytes
+        cache.resize(cache_budget_bytes(resources.mem_gb, held_by_others))
+        self.pipeline.set_workers(workers_for(resources.cores))
+        self.resources = resources
+
+    def close(self) -> None:
+        self.pipeline.close()
 
     def loss_function(self, outputs: Tensor, targets: Tensor) -> Tensor:
         return loss_of(self.spec, outputs, targets)
 
+    def _share(self, start: int) -> range:
+        """This rank's positions of the global batch that starts at ``start``."""
+        if self.parallel is None:
+            return range(start, start + self.batch_size)
+        rank, ranks = self.parallel.rank, self.parallel.world_size
+        # the parts of tensor_split: the first batch % ranks ranks take one more
+        size, larger = divmod(self.batch_size, ranks)
+        first = start + rank * size + min(rank, larger)
+        return range(first, first + size + (1 if rank < larger else 0))
+
     def step(
         self, iteration: int, after_accumulation_step: Callable[[int], None] | None = None
     ) -> float:
-        """Train on the batch of ``iteration`` (0-based: the first iteration is 0)."""
-        inputs, targets = self.data.batch(iteration, self.batch_size)
+        """Train on the next global batch of the sample stream as iteration ``iteration``
+        (0-based: the first iteration is 0)."""
+        inputs, targets = self.data.samples(self._share(self.samples_seen))
+        # the workers prepare the next batch while this one trains
+        self.pipeline.prefetch(self._share(self.samples_seen + self.batch_size))
         share, no_sync = 1.0, None
         if self.parallel is not None and self._ddp is not None:
-            rank, ranks = self.parallel.rank, self.parallel.world_size
-            inputs, targets = inputs.tensor_split(ranks)[rank], targets.tensor_split(ranks)[rank]
             # DDP averages over ranks; this weight turns the average into the full-batch mean
-            share = ranks * inputs.shape[0] / self.batch_size
+            share = self.parallel.world_size * inputs.shape[0] / self.batch_size
             no_sync = self._ddp.no_sync
-        return train_step(
+        loss = train_step(
             self.model,
             self.optimizer,
             self.loss_function,
@@ -221,6 +298,16 @@ class Trainer:
             share=share,
             no_sync=no_sync,
         )
+        self.samples_seen += self.batch_size
+        return loss
+
+    def metrics(self) -> dict[str, Any]:
+        """What a progress line says about the input pipeline."""
+        return {
+            "data_workers": self.pipeline.workers,
+            "cached_samples": len(self.pipeline.cache),
+            "decoded_samples": self.pipeline.decoded,
+        }
 
     def agree_to_stop(self, wants_to_stop: bool) -> bool:
         """True when any rank was told to stop: every rank then ends at the same iteration."""
@@ -248,6 +335,7 @@ class Trainer:
             "model": self.net.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "torch_rng": torch.get_rng_state(),
+            "samples_seen": self.samples_seen,
         }
 
     def restore(self, state: dict[str, Any]) -> int:
@@ -263,6 +351,7 @@ class Trainer:
         self.net.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
+        self.samples_seen = int(state["samples_seen"])
         return int(state["iteration"])
 
 
@@ -272,12 +361,15 @@ def run_job(
     options: TrainingOptions,
     hooks: DebugHooks | None = None,
     parallel: DataParallel | None = None,
+    threads: int | None = None,
 ) -> Outcome:
     """Train from the last checkpoint up to ``ctx.total_iterations`` or until told to stop.
 
     Either way the run ends with a checkpoint at the iteration it reached, so a stopped job
     loses no work and a finished one restarts as finished. With ``parallel``, this process
     is one rank: rank 0 reports and checkpoints, and all ranks stop at the same iteration.
+    The run uses the cores and memory of ``ctx`` (its part of them with several ranks on
+    the node), and ``threads`` torch threads if given.
     """
     hooks = hooks or DebugHooks()
     rank = parallel.rank if parallel is not None else 0
@@ -287,6 +379,7 @@ def run_job(
         bound.warning("cuda unavailable, training on the cpu", requested=ctx.device)
     if device == "cuda" and parallel is not None:
         device = f"cuda:{parallel.local_rank}"
+    ranks = parallel.local_ranks if parallel is not None else 1
     with process_group(parallel, device):
         trainer = Trainer(
             spec,
@@ -295,11 +388,18 @@ def run_job(
             device=device,
             options=options,
             parallel=parallel,
+            resources=Resources.of(ctx, ranks),
+            threads=threads,
         )
-        return _train_loop(ctx, trainer, hooks, bound)
+        try:
+            return _train_loop(ctx, trainer, hooks, bound, ranks)
+        finally:
+            trainer.close()
 
 
-def _train_loop(ctx: JobContext, trainer: Trainer, hooks: DebugHooks, bound: Any) -> Outcome:
+def _train_loop(
+    ctx: JobContext, trainer: Trainer, hooks: DebugHooks, bound: Any, ranks: int
+) -> Outcome:
     state = ctx.load_checkpoint()
     iteration = 0 if state is None else trainer.restore(state)
     if iteration != ctx.start_iteration and trainer.is_main:
@@ -320,6 +420,8 @@ def _train_loop(ctx: JobContext, trainer: Trainer, hooks: DebugHooks, bound: Any
         ranks=trainer.parallel.world_size if trainer.parallel is not None else 1,
         from_iteration=iteration,
         total_iterations=ctx.total_iterations,
+        data_workers=trainer.pipeline.workers,
+        cpu_cost=[trainer.options.cpu_cost.decode_passes, trainer.options.cpu_cost.augment_passes],
     )
     last_checkpoint = iteration if state is not None else None
 
@@ -340,14 +442,14 @@ def _train_loop(ctx: JobContext, trainer: Trainer, hooks: DebugHooks, bound: Any
             hold = _hold_until_stopped(ctx) if iteration + 1 == hooks.hold_at_iteration else None
             if ctx.refresh_allocation():
                 # reallocated while running: the process was re-pinned to other cores
-                torch.set_num_threads(ctx.cpu_threads)
+                trainer.allocate(Resources.of(ctx, ranks))
                 bound.info("reallocated", cpus=list(ctx.cpus), mem_gb=ctx.mem_gb)
             loss = trainer.step(iteration, hold)
             iteration += 1
             if iteration_log is not None:
                 iteration_log.write(f"{iteration}\n")
                 iteration_log.flush()
-            ctx.report(iteration, loss=loss, samples=ctx.batch_size)
+            ctx.report(iteration, loss=loss, samples=ctx.batch_size, metrics=trainer.metrics())
             if iteration % ctx.checkpoint_every == 0 or iteration == ctx.total_iterations:
                 checkpoint(iteration)
     finally:
