@@ -106,6 +106,8 @@ class _VectorCache:
         self.running: dict[str, _Running] = {}
         #: every node's CPUs and memory, before any job's allocation is taken off
         self.capacity: tuple[list[float], list[float]] = ([], [])
+        #: all nodes alike (GPUs, CPUs, memory): a job's best case is the same on each
+        self.one_shape = False
 
     def sync(self, snapshot: Snapshot) -> None:
         if self._basis.moved(snapshot):
@@ -115,6 +117,7 @@ class _VectorCache:
             self.running.clear()
             nodes = snapshot.cluster.nodes
             self.capacity = ([float(n.cpus) for n in nodes], [float(n.host_mem_gb) for n in nodes])
+            self.one_shape = len({(n.gpus, n.cpus, n.host_mem_gb) for n in nodes}) == 1
 
     def best_case(self, snapshot: Snapshot, job: JobView, node: Node) -> Vector:
         key = (job.model, job.gpus, node.name)
@@ -449,17 +452,22 @@ class SynergyTune:
             spread = state.spread(job.gpus)
             assert spread is not None
             return self._place_fair(snapshot, state, job, spread)
-        # (1) the best-case vector, (2) at most fair in every dimension
+        # (1) the best-case vector, (2) at most fair in every dimension; on a cluster of
+        # one node shape every node asks for the same, worked out once
+        same = self._vectors.one_shape
+        cpus, mem = state.cpus, state.mem
         for step in (0, 1):
+            shared: Vector | None = None
             for node in state.gpu_preference(job.gpus):
                 n = cluster.nodes[node]
-                want = self._vectors.best_case(snapshot, job, n)
-                if step == 1:
-                    fair = fair_share(n, job.gpus)
-                    if want.fits(fair.cpus, fair.mem_gb):
-                        continue  # nothing above fair: step 2 does not apply
-                    want = want.at_most(fair)
-                if want.fits(state.cpus[node], state.mem[node]):
+                want = shared if shared is not None else self._want(snapshot, job, n, step)
+                if want is None:  # nothing above fair: step 2 does not apply
+                    if same:
+                        break
+                    continue
+                if same:
+                    shared = want
+                if want.cpus <= cpus[node] + EPS and want.mem_gb <= mem[node] + EPS:
                     state.start(
                         job,
                         {node: job.gpus},
@@ -469,6 +477,15 @@ class SynergyTune:
                     return None
         # (3) victims on the node the GPUs choose, (4) retry once at fair
         return self._place_fair(snapshot, state, job, {first: job.gpus})
+
+    def _want(self, snapshot: Snapshot, job: JobView, node: Node, step: int) -> Vector | None:
+        """What step (1) or (2) asks of ``node`` for ``job``; None where step (2) does not
+        apply (nothing of the best case is above fair)."""
+        want = self._vectors.best_case(snapshot, job, node)
+        if step == 0:
+            return want
+        fair = fair_share(node, job.gpus)
+        return None if want.fits(fair.cpus, fair.mem_gb) else want.at_most(fair)
 
     def _place_fair(
         self, snapshot: Snapshot, state: _Cluster, job: JobView, nodes: dict[int, int]
