@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 from nats.aio.client import Client
 
@@ -24,6 +25,9 @@ from libs.common.schemas import (
 from libs.core.groundtruth import ProfilePerformanceModel
 from services.nodeagent.agent import NodeAgent
 from services.nodeagent.config import NodeAgentConfig
+from services.nodeagent.gpus import discover
+from services.nodeagent.job_contract import process_plan
+from services.nodeagent.resize import resized
 from tests.test_nodeagent_service import (
     NODE,
     PROCESS_TIMINGS,
@@ -142,3 +146,23 @@ async def test_the_real_worker_resumes_from_its_checkpoint_with_the_new_batch(
     assert log_text.count('"ranks": 2') >= 2 or log_text.count("ranks=2") >= 2, log_text[-2000:]
     steps = [e.progress.iteration for e in resumed]
     assert min(steps) >= 4 and steps == sorted(steps)
+
+
+def test_a_resized_run_keeps_the_batch_its_learning_rate_was_given_for(
+    config: NodeAgentConfig,
+):
+    original = start("lr", batch_size=32)
+    options = {"base_lr": 0.1, "max_lr": 0.4, "dataset_size": 1000}
+    original = msgspec.structs.replace(
+        original, spec=msgspec.structs.replace(original.spec, **options)
+    )
+    grown = resized(original, resize("lr", (0, 1), 128), frozenset())
+    shrunk = resized(grown, resize("lr", (0,), 64, run_id=2, new_run_id=3), frozenset())
+    plan = process_plan(shrunk, config, discover(config.name, 4, "V100-32GB", 32768))
+
+    assert (grown.spec.batch_size, grown.spec.base_batch_size) == (128, 32)
+    assert (shrunk.spec.batch_size, shrunk.spec.base_batch_size) == (64, 32)
+    assert plan.env["GPUSCHED_BATCH_SIZE"] == "64"
+    assert plan.env["GPUSCHED_BASE_BATCH_SIZE"] == "32"
+    assert (plan.env["GPUSCHED_BASE_LR"], plan.env["GPUSCHED_MAX_LR"]) == ("0.1", "0.4")
+    assert plan.env["GPUSCHED_DATASET_SIZE"] == "1000"

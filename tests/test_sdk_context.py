@@ -99,11 +99,19 @@ def test_the_ranks_of_a_job_across_nodes_are_read_from_the_environment(tmp_path:
     assert (ctx.rendezvous, ctx.first_rank, ctx.world_size) == ("tcp://node-a:29500", 2, 4)
 
 
-def test_the_jobs_data_set_size_is_read_when_given(tmp_path: Path) -> None:
-    given = JobContext.from_env(managed_env(tmp_path, GPUSCHED_DATASET_SIZE="50000"))
+def test_the_jobs_data_set_and_learning_rate_options_are_read_when_given(tmp_path: Path) -> None:
+    options = {
+        "GPUSCHED_DATASET_SIZE": "50000",
+        "GPUSCHED_BASE_LR": "0.1",
+        "GPUSCHED_MAX_LR": "0.4",
+        "GPUSCHED_BASE_BATCH_SIZE": "256",
+    }
+    given = JobContext.from_env(managed_env(tmp_path, **options))
     absent = JobContext.from_env(managed_env(tmp_path))
 
-    assert (given.dataset_size, absent.dataset_size) == (50000, None)
+    fields = ("dataset_size", "base_lr", "max_lr", "base_batch_size")
+    assert [getattr(given, name) for name in fields] == [50000, 0.1, 0.4, 256]
+    assert [getattr(absent, name) for name in fields] == [None] * 4
 
 
 @pytest.mark.parametrize("variable", REQUIRED_UNDER_GPUSCHED[1:])
@@ -134,6 +142,9 @@ def test_a_missing_variable_under_gpusched_is_named(tmp_path: Path, variable: st
         ("GPUSCHED_FIRST_RANK", "-2"),
         ("GPUSCHED_WORLD_SIZE", "four"),
         ("GPUSCHED_DATASET_SIZE", "0"),
+        ("GPUSCHED_BASE_LR", "0"),
+        ("GPUSCHED_MAX_LR", "nan"),
+        ("GPUSCHED_BASE_BATCH_SIZE", "-8"),
     ],
 )
 def test_an_invalid_variable_is_named(tmp_path: Path, variable: str, value: str) -> None:
@@ -258,9 +269,8 @@ def test_training_metrics_go_into_every_line_until_replaced(tmp_path: Path) -> N
     ctx.checkpointed(3)
 
     lines = progress_lines(tmp_path / "progress.jsonl")
-    assert [(line["epoch"], line["lr"], line["accuracy"]) for line in lines] == [
-        (0.5, 0.1, None), (0.5, 0.1, None), (1.5, 0.2, None), (1.5, 0.2, None)
-    ]
+    seen = [(line["epoch"], line["lr"], line["accuracy"]) for line in lines]
+    assert seen == [(0.5, 0.1, None)] * 2 + [(1.5, 0.2, None)] * 2
 
 
 def test_the_given_memory_overrides_the_measured_one(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,7 @@ from services.nodeagent.worker.pipeline import (
     cache_budget_bytes,
 )
 from services.nodeagent.worker.profiling import profile
+from services.nodeagent.worker.schedule import LearningRateRule, Ramp
 from services.nodeagent.worker.training import (
     CheckpointMismatchError,
     Resources,
@@ -204,6 +206,73 @@ def test_pipeline_workers_and_torch_threads_follow_the_allocation() -> None:
         assert len(trainer.pipeline.cache) == 0 and trainer.pipeline.decoded == 16
     finally:
         trainer.close()
+
+
+# ---------------------------------------------------------------------- learning rate
+
+
+def test_the_learning_rate_grows_linearly_with_the_batch_up_to_its_cap() -> None:
+    rule = LearningRateRule(base_lr=0.1, base_batch=32, max_lr=0.3)
+
+    assert [rule.rate(b) for b in (16, 32, 64, 96, 128)] == pytest.approx(
+        [0.05, 0.1, 0.2, 0.3, 0.3]
+    )
+    assert LearningRateRule(0.1, 32).rate(128) == pytest.approx(0.4)
+
+
+def test_a_new_rate_is_reached_linearly_over_the_ramp_and_a_change_midway_starts_from_there():
+    ramp = Ramp.constant(0.1).towards(0.3, start=10, iterations=4)
+
+    assert [ramp.at(i) for i in range(9, 16)] == pytest.approx(
+        [0.1, 0.15, 0.2, 0.25, 0.3, 0.3, 0.3]
+    )
+    assert ramp.towards(0.3, start=12, iterations=8) is ramp
+    down = ramp.towards(0.1, start=12, iterations=2)
+    assert [down.at(i) for i in (11, 12, 13, 14)] == pytest.approx([0.2, 0.15, 0.1, 0.1])
+    assert Ramp.from_state(down.to_state()) == down
+
+
+def test_a_run_with_a_larger_batch_ramps_to_the_scaled_rate_over_an_epoch(
+    tmp_path: Path,
+) -> None:
+    options = TrainingOptions(learning_rate=0.01, max_lr=0.03, dataset_size=128)
+    spec = ModelSpec.for_model("mlp")
+    first = job(tmp_path, batch_size=8, accum_steps=1, total_iterations=6, progress_interval_s=0.0)
+    run_job(first, spec, options)
+    first.close()
+    before = lines_of(tmp_path / "progress.jsonl")
+    grown = job(
+        tmp_path,
+        batch_size=32,
+        accum_steps=1,
+        total_iterations=14,
+        progress_interval_s=0.0,
+        progress_file=tmp_path / "grown.jsonl",
+    )
+    run_job(grown, spec, dataclasses.replace(options, base_batch_size=8))
+    grown.close()
+    after = [line for line in lines_of(tmp_path / "grown.jsonl") if line["event"] == "progress"]
+
+    assert before and [line["lr"] for line in before] == pytest.approx([0.01] * len(before))
+    # 4x the batch would be 0.04, capped at 0.03, reached over 128 / 32 = 4 iterations
+    assert [line["iteration"] for line in after] == list(range(7, 15))
+    assert [line["lr"] for line in after] == pytest.approx(
+        [0.015, 0.02, 0.025, 0.03, 0.03, 0.03, 0.03, 0.03]
+    )
+    assert after[-1]["epoch"] == pytest.approx((6 * 8 + 8 * 32) / 128)
+    assert 0 <= after[-1]["accuracy"] <= 1
+
+
+def test_the_rate_keeps_scaling_from_the_batch_of_the_first_checkpoint(tmp_path: Path) -> None:
+    options = TrainingOptions(learning_rate=0.01, dataset_size=64)
+    spec = ModelSpec.for_model("mlp")
+    run_job(job(tmp_path, batch_size=8, accum_steps=1, total_iterations=2), spec, options)
+    grown = job(tmp_path, batch_size=16, accum_steps=1, total_iterations=20)
+    run_job(grown, spec, options)
+
+    state = saved(grown)
+    assert state["base_batch_size"] == 8
+    assert state["lr_ramp"] == pytest.approx([0.01, 0.02, 2, 4])
 
 
 # ---------------------------------------------------------------------- accumulation

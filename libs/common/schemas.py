@@ -39,6 +39,8 @@ MAX_DEADLINE = 4_102_444_800.0
 GpuCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_GPUS)]
 BatchSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_BATCH_SIZE)]
 IterationCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_ITERATIONS)]
+MAX_LEARNING_RATE = 1000.0
+LearningRate = Annotated[float, msgspec.Meta(gt=0, le=MAX_LEARNING_RATE)]
 
 
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -68,6 +70,12 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     max_retries: Annotated[int, msgspec.Meta(ge=0, le=100)] = 2
     #: iterations between checkpoints
     checkpoint_every: IterationCount = 50
+    #: the built-in worker's learning rate at a global batch of ``base_batch_size``
+    #: (default: the batch submitted); it scales linearly with the global batch a resize
+    #: gives the job, up to ``max_lr``, and ramps to each new rate over an epoch
+    base_lr: LearningRate | None = None
+    max_lr: LearningRate | None = None
+    base_batch_size: BatchSize | None = None
 
 
 class StateChange(msgspec.Struct, frozen=True):

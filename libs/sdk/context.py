@@ -54,14 +54,20 @@ WORLD_SIZE = "GPUSCHED_WORLD_SIZE"
 CPUS = "GPUSCHED_CPUS"
 MEM_GB = "GPUSCHED_MEM_GB"
 ALLOCATION_FILE = "GPUSCHED_ALLOCATION_FILE"
-#: the job's option, when it gives it: samples in its data set (an epoch)
+#: the job's options, when it gives them: samples in its data set (an epoch), and its
+#: learning rate at a global batch of GPUSCHED_BASE_BATCH_SIZE, which scales linearly
+#: with the batch up to GPUSCHED_MAX_LR
 DATASET_SIZE = "GPUSCHED_DATASET_SIZE"
+BASE_LR = "GPUSCHED_BASE_LR"
+MAX_LR = "GPUSCHED_MAX_LR"
+BASE_BATCH_SIZE = "GPUSCHED_BASE_BATCH_SIZE"
 
 #: every variable the node agent sets for a job process (besides CUDA_VISIBLE_DEVICES)
 ENV_VARIABLES = (
     JOB_ID, RUN_ID, MODEL, BATCH_SIZE, ACCUM_STEPS, GPUS, DEVICE, TOTAL_ITERATIONS,
     START_ITERATION, CHECKPOINT_DIR, CHECKPOINT_EVERY, PROGRESS_FILE, NODE, RENDEZVOUS,
-    FIRST_RANK, WORLD_SIZE, CPUS, MEM_GB, ALLOCATION_FILE, DATASET_SIZE,
+    FIRST_RANK, WORLD_SIZE, CPUS, MEM_GB, ALLOCATION_FILE, DATASET_SIZE, BASE_LR, MAX_LR,
+    BASE_BATCH_SIZE,
 )  # fmt: skip
 #: without these a job cannot run or be tracked, so under gpusched their absence is an error
 REQUIRED_UNDER_GPUSCHED = (
@@ -124,8 +130,11 @@ class JobContext:
     cpus: tuple[int, ...] = ()
     mem_gb: float | None = None
     allocation_file: Path | None = None
-    #: the job's option (None: not given)
+    #: the job's options (None: not given)
     dataset_size: int | None = None
+    base_lr: float | None = None
+    max_lr: float | None = None
+    base_batch_size: int | None = None
     progress_interval_s: float = DEFAULT_PROGRESS_INTERVAL_S
     monotonic: Callable[[], float] = field(default=time.monotonic, repr=False)
     wall_clock: Callable[[], float] = field(default=time.time, repr=False)
@@ -185,10 +194,14 @@ class JobContext:
             raise _field_error("mem_gb", MEM_GB, f"must be a number >= 0, got {self.mem_gb}")
         if self.allocation_file is not None:
             self.allocation_file = Path(self.allocation_file)
-        if self.dataset_size is not None and self.dataset_size < 1:
-            raise _field_error(
-                "dataset_size", DATASET_SIZE, f"must be >= 1, got {self.dataset_size}"
-            )
+        for name, variable, value in (
+            ("dataset_size", DATASET_SIZE, self.dataset_size),
+            ("base_lr", BASE_LR, self.base_lr),
+            ("max_lr", MAX_LR, self.max_lr),
+            ("base_batch_size", BASE_BATCH_SIZE, self.base_batch_size),
+        ):
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise _field_error(name, variable, f"must be > 0, got {value}")
         if self.progress_interval_s < 0:
             raise ValueError(f"progress_interval_s must be >= 0, got {self.progress_interval_s}")
         self.checkpoint_dir = Path(self.checkpoint_dir)
@@ -507,4 +520,7 @@ ENVIRONMENT: dict[str, Setting[Any]] = {
     "mem_gb": Setting(MEM_GB, settings.number(0)),
     "allocation_file": Setting(ALLOCATION_FILE, settings.path()),
     "dataset_size": Setting(DATASET_SIZE, settings.integer(low=1)),
+    "base_lr": Setting(BASE_LR, settings.number(0, above=True)),
+    "max_lr": Setting(MAX_LR, settings.number(0, above=True)),
+    "base_batch_size": Setting(BASE_BATCH_SIZE, settings.integer(low=1)),
 }

@@ -45,8 +45,14 @@ def process_plan(
         job_env.NODE: config.name,
         "PYTHONUNBUFFERED": "1",
     }
-    if spec.dataset_size is not None:
-        contract[job_env.DATASET_SIZE] = spec.dataset_size
+    for variable, option in (
+        (job_env.DATASET_SIZE, spec.dataset_size),
+        (job_env.BASE_LR, spec.base_lr),
+        (job_env.MAX_LR, spec.max_lr),
+        (job_env.BASE_BATCH_SIZE, spec.base_batch_size),
+    ):
+        if option is not None:
+            contract[variable] = option
     if start.rendezvous:
         contract[job_env.RENDEZVOUS] = start.rendezvous
         contract[job_env.FIRST_RANK] = start.first_rank

@@ -59,7 +59,11 @@ def resize_problem(start: StartJob, resize: ResizeJob) -> str:
 def resized(start: StartJob, resize: ResizeJob, known_models: frozenset[str]) -> StartJob:
     """The start of the run that replaces ``start`` with the new shape."""
     spec = msgspec.structs.replace(
-        start.spec, batch_size=resize.batch_size, gpus=len(resize.gpus)
+        start.spec,
+        batch_size=resize.batch_size,
+        gpus=len(resize.gpus),
+        # the learning rate keeps scaling from the batch it was given for
+        base_batch_size=start.spec.base_batch_size or start.spec.batch_size,
     )
     return msgspec.structs.replace(
         start,

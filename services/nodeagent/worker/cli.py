@@ -44,7 +44,7 @@ DATA_PARALLEL_ENV = "GPUSCHED_WORKER_DATA_PARALLEL"
 RANKS_EXIT_WAIT_S = 30.0
 #: model used when neither --model nor GPUSCHED_MODEL names one (runs by hand)
 FALLBACK_MODEL = "mlp"
-#: the learning rate when --lr gives none
+#: the learning rate when neither --lr nor GPUSCHED_BASE_LR gives one
 FALLBACK_LR = 0.01
 USAGE_ERROR = 2
 
@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--lr",
         type=_positive_float,
-        help=f"SGD learning rate (default: {FALLBACK_LR})",
+        help="SGD learning rate at the base batch (default: GPUSCHED_BASE_LR, else 0.01)",
     )
     parser.add_argument(
         "--threads", type=_positive_int,
@@ -197,7 +197,9 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     options = TrainingOptions(
         seed=args.seed,
-        learning_rate=args.lr or FALLBACK_LR,
+        learning_rate=args.lr or ctx.base_lr or FALLBACK_LR,
+        max_lr=ctx.max_lr,
+        base_batch_size=ctx.base_batch_size,
         dataset_size=ctx.dataset_size or DEFAULT_DATASET_SIZE,
         cpu_cost=cpu_cost_for(name),
     )

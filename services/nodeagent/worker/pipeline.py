@@ -55,6 +55,10 @@ ENTRY_OVERHEAD_BYTES = 256
 GIB = 2**30
 #: the cache of a run without a memory allocation
 UNALLOCATED_CACHE_BYTES = GIB
+#: held-out records come from this index on: never part of any data set
+HELD_OUT_INDEX = 2**48
+#: the augmentation of the held-out set is that of this epoch, the same every time
+HELD_OUT_EPOCH = 2**20
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -417,3 +421,11 @@ class InputPipeline:
         if pending is None or self._workers is None:
             return None
         return pending, self._workers.receive(len(pending.chunks))
+
+
+def held_out_images(data: DataSet, count: int) -> Tensor:
+    """A held-out set: ``count`` records of no epoch's data, augmented the same way every
+    time, prepared in this process."""
+    indices = tuple(HELD_OUT_INDEX + i for i in range(count))
+    chunk = Chunk(data.seed, data.cost, indices, (HELD_OUT_EPOCH,) * count, (None,) * count)
+    return torch.from_numpy(prepare(chunk).images)

@@ -14,6 +14,9 @@ the same full-batch mean loss, and a checkpoint written by one shape resumes in 
 The inputs come through the CPU input pipeline (:mod:`.pipeline`), whose worker processes
 and torch's threads follow the cores the run is pinned to, and whose cache of decoded
 samples is bounded by the run's memory; both follow a reallocation while the job runs.
+The learning rate follows the global batch (:mod:`.schedule`), and after every change
+ramps to its new value over an epoch. Rank 0 measures the accuracy on a held-out set at
+the end of every epoch and reports it with the epochs done and the rate.
 """
 
 from __future__ import annotations
@@ -38,9 +41,11 @@ from services.nodeagent.worker.pipeline import (
     DecodedCache,
     InputPipeline,
     cache_budget_bytes,
+    held_out_images,
     workers_for,
 )
-from services.nodeagent.worker.zoo import SyntheticData, build_model, loss_of
+from services.nodeagent.worker.schedule import LearningRateRule, Ramp, epoch_iterations
+from services.nodeagent.worker.zoo import VOCABULARY, SyntheticData, build_model, loss_of
 
 log = structlog.get_logger("gpusched.worker")
 
@@ -48,6 +53,8 @@ log = structlog.get_logger("gpusched.worker")
 CHECKPOINT_FORMAT = 2
 DEFAULT_LEARNING_RATE = 0.01
 MOMENTUM = 0.9
+#: samples of the held-out set the accuracy is measured on
+HELD_OUT_SAMPLES = 64
 
 LossFunction = Callable[[Tensor, Tensor], Tensor]
 Outcome = Literal["done", "stopped"]
@@ -107,11 +114,15 @@ def make_optimizer(model: nn.Module, learning_rate: float) -> torch.optim.Optimi
 
 @dataclass(frozen=True, slots=True)
 class TrainingOptions:
-    """The data set has ``dataset_size`` samples, each costing ``cpu_cost`` in the input
-    pipeline."""
+    """``learning_rate`` applies at a global batch of ``base_batch_size`` (None: the
+    batch the job was checkpointed with first, else this run's) and scales linearly with
+    the batch up to ``max_lr``; the data set has ``dataset_size`` samples, each costing
+    ``cpu_cost`` in the input pipeline."""
 
     seed: int = 0
     learning_rate: float = DEFAULT_LEARNING_RATE
+    max_lr: float | None = None
+    base_batch_size: int | None = None
     dataset_size: int = DEFAULT_DATASET_SIZE
     cpu_cost: CpuCost = field(default_factory=CpuCost)
 
@@ -120,8 +131,15 @@ class TrainingOptions:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if self.max_lr is not None and not self.max_lr > 0:
+            raise ValueError(f"max_lr must be > 0, got {self.max_lr}")
+        if self.base_batch_size is not None and self.base_batch_size < 1:
+            raise ValueError(f"base_batch_size must be >= 1, got {self.base_batch_size}")
         if self.dataset_size < 1:
             raise ValueError(f"dataset_size must be >= 1, got {self.dataset_size}")
+
+    def rule(self, base_batch: int) -> LearningRateRule:
+        return LearningRateRule(self.learning_rate, base_batch, self.max_lr)
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,12 +256,17 @@ class Trainer:
                 self.net, device_ids=[self.device.index] if self.device.type == "cuda" else None
             )
             self.model = self._ddp
-        self.optimizer = make_optimizer(self.net, options.learning_rate)
+        self.base_batch_size = options.base_batch_size or batch_size
+        self.ramp = Ramp.constant(options.rule(self.base_batch_size).rate(batch_size))
+        self.learning_rate = self.ramp.end_lr
+        self.optimizer = make_optimizer(self.net, self.learning_rate)
         #: samples of the global batch stream trained on so far, by all ranks
         self.samples_seen = 0
+        self.accuracy: float | None = None
         data_set = DataSet(options.seed, options.dataset_size, options.cpu_cost)
         self.pipeline = InputPipeline(data_set, DecodedCache(cache_budget_bytes(None, 0)))
         self.data = SyntheticData(spec, options.seed, self.pipeline)
+        self._held_out: tuple[Tensor, Tensor] | None = None
         self.resources: Resources | None = None
         if resources is not None:
             self.allocate(resources)
@@ -264,6 +287,11 @@ class Trainer:
     def loss_function(self, outputs: Tensor, targets: Tensor) -> Tensor:
         return loss_of(self.spec, outputs, targets)
 
+    @property
+    def epochs(self) -> float:
+        """Epochs done: passes over the data set, fractions included."""
+        return self.samples_seen / self.options.dataset_size
+
     def _share(self, start: int) -> range:
         """This rank's positions of the global batch that starts at ``start``."""
         if self.parallel is None:
@@ -278,7 +306,7 @@ class Trainer:
         self, iteration: int, after_accumulation_step: Callable[[int], None] | None = None
     ) -> float:
         """Train on the next global batch of the sample stream as iteration ``iteration``
-        (0-based: the first iteration is 0)."""
+        (0-based: the first iteration is 0; it sets the learning rate of the ramp)."""
         inputs, targets = self.data.samples(self._share(self.samples_seen))
         # the workers prepare the next batch while this one trains
         self.pipeline.prefetch(self._share(self.samples_seen + self.batch_size))
@@ -287,6 +315,9 @@ class Trainer:
             # DDP averages over ranks; this weight turns the average into the full-batch mean
             share = self.parallel.world_size * inputs.shape[0] / self.batch_size
             no_sync = self._ddp.no_sync
+        self.learning_rate = self.ramp.at(iteration)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.learning_rate
         loss = train_step(
             self.model,
             self.optimizer,
@@ -298,12 +329,35 @@ class Trainer:
             share=share,
             no_sync=no_sync,
         )
+        size = self.options.dataset_size
+        epoch_before = self.samples_seen // size
         self.samples_seen += self.batch_size
+        if self.samples_seen // size > epoch_before and self.is_main:
+            self.accuracy = self.evaluate()
         return loss
 
+    def evaluate(self) -> float:
+        """Accuracy on the held-out set (per token for the transformer)."""
+        if self._held_out is None:
+            images = held_out_images(self.pipeline.data, HELD_OUT_SAMPLES)
+            self._held_out = self.data.labelled(images)
+        inputs, targets = (t.to(self.device) for t in self._held_out)
+        was_training = self.net.training
+        self.net.eval()
+        with torch.no_grad():
+            outputs = self.net(inputs)
+        self.net.train(was_training)
+        if self.spec.zoo == "transformer":
+            outputs = outputs.reshape(-1, VOCABULARY)
+        predicted = outputs.argmax(dim=1)
+        return float((predicted == targets.reshape(-1)).float().mean())
+
     def metrics(self) -> dict[str, Any]:
-        """What a progress line says about the input pipeline."""
+        """What a progress line says about training and the input pipeline."""
         return {
+            "epoch": self.epochs,
+            "lr": self.learning_rate,
+            "accuracy": self.accuracy,
             "data_workers": self.pipeline.workers,
             "cached_samples": len(self.pipeline.cache),
             "decoded_samples": self.pipeline.decoded,
@@ -336,10 +390,14 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "samples_seen": self.samples_seen,
+            "base_batch_size": self.base_batch_size,
+            "lr_ramp": self.ramp.to_state(),
+            "accuracy": self.accuracy,
         }
 
     def restore(self, state: dict[str, Any]) -> int:
-        """Load a checkpoint written by :meth:`state`; returns its iteration."""
+        """Load a checkpoint written by :meth:`state`; returns its iteration. A run with
+        another global batch than the checkpoint's starts a ramp to its rate."""
         saved = (state.get("zoo"), state.get("width"), state.get("depth"), state.get("seed"))
         ours = (self.spec.zoo, self.spec.width, self.spec.depth, self.options.seed)
         if state.get("format") != CHECKPOINT_FORMAT or saved != ours:
@@ -351,8 +409,15 @@ class Trainer:
         self.net.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
+        iteration = int(state["iteration"])
         self.samples_seen = int(state["samples_seen"])
-        return int(state["iteration"])
+        self.accuracy = state["accuracy"]
+        self.base_batch_size = self.options.base_batch_size or int(state["base_batch_size"])
+        rate = self.options.rule(self.base_batch_size).rate(self.batch_size)
+        epoch = epoch_iterations(self.options.dataset_size, self.batch_size)
+        self.ramp = Ramp.from_state(state["lr_ramp"]).towards(rate, iteration, epoch)
+        self.learning_rate = self.ramp.at(iteration - 1)
+        return iteration
 
 
 def run_job(
@@ -420,6 +485,8 @@ def _train_loop(
         ranks=trainer.parallel.world_size if trainer.parallel is not None else 1,
         from_iteration=iteration,
         total_iterations=ctx.total_iterations,
+        lr=trainer.ramp.end_lr,
+        lr_ramp=trainer.ramp.to_state(),
         data_workers=trainer.pipeline.workers,
         cpu_cost=[trainer.options.cpu_cost.decode_passes, trainer.options.cpu_cost.augment_passes],
     )
