@@ -71,8 +71,9 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     #: iterations between checkpoints
     checkpoint_every: IterationCount = 50
     #: the built-in worker's learning rate at a global batch of ``base_batch_size``
-    #: (default: the batch submitted); it scales linearly with the global batch a resize
-    #: gives the job, up to ``max_lr``, and ramps to each new rate over an epoch
+    #: (default: the batch of the job's first run); it scales linearly with the global
+    #: batch a resize gives the job, up to ``max_lr``, and ramps to each new rate over an
+    #: epoch
     base_lr: LearningRate | None = None
     max_lr: LearningRate | None = None
     base_batch_size: BatchSize | None = None
