@@ -4,9 +4,11 @@ CPU-hungry model (resnet18, Synergy class "high") and a CPU-light one (vgg16, cl
 to 2 cores, with no cache of decoded samples (every sample decoded) and with a cache that
 holds the whole data set (only augmentation left). Each point runs in a fresh process
 pinned with sched_setaffinity, as the node agent pins a run; its pipeline workers and
-torch threads follow the cores. Each point is the best of ``--repeats`` runs (other work
-on the machine only slows a run down); the CPU time per sample of the 1-core run, where
-everything runs in one process, is the work itself, whatever else the machine does.
+torch threads follow the cores. Stage "training" is the whole training step, stage
+"data" the input pipeline alone (the same batches, no model). Each point is the best of
+``--repeats`` runs (other work on the machine only slows a run down); the CPU time per
+sample of the 1-core run, where everything runs in one process, is the work itself,
+whatever else the machine does.
 
     python bench/worker_cpu.py [--iterations 150] [--batch-size 32] [--repeats 3]
 """
@@ -31,8 +33,11 @@ NO_CACHE_GB = 0.0
 WHOLE_CACHE_GB = 64.0
 
 
-def measure(model: str, cores: int, mem_gb: float, iterations: int, batch: int) -> None:
-    """One point, in this process (the child): prints a JSON line."""
+def measure(
+    model: str, cores: int, mem_gb: float, iterations: int, batch: int, data_only: bool
+) -> None:
+    """One point, in this process (the child): prints a JSON line. ``data_only``: the
+    input pipeline alone, no model."""
     os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])
     from services.nodeagent.worker.catalog import ModelSpec, cpu_cost_for
     from services.nodeagent.worker.training import Resources, Trainer, TrainingOptions
@@ -46,15 +51,26 @@ def measure(model: str, cores: int, mem_gb: float, iterations: int, batch: int) 
         options=options,
         resources=Resources(cores, mem_gb),
     )
+    pipeline = trainer.pipeline
+
+    def step(iteration: int) -> None:
+        if not data_only:
+            trainer.step(iteration)
+            return
+        start = iteration * batch
+        pipeline.images(range(start, start + batch))
+        pipeline.prefetch(range(start + batch, start + 2 * batch))
+
     try:
         # one epoch first: the cache (where there is room) then holds the data set
         warmup = -(-DATASET_SIZE // batch)
         for iteration in range(warmup):
-            trainer.step(iteration)
+            step(iteration)
         began, cpu_began = time.perf_counter(), time.process_time()
         for iteration in range(warmup, warmup + iterations):
-            trainer.step(iteration)
+            step(iteration)
         elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu_began
+        workers, cached = pipeline.workers, len(pipeline.cache)
     finally:
         trainer.close()
     print(
@@ -63,18 +79,21 @@ def measure(model: str, cores: int, mem_gb: float, iterations: int, batch: int) 
                 "samples_per_s": iterations * batch / elapsed,
                 # this process's CPU time: all of the work when it runs no pipeline workers
                 "cpu_us_per_sample": cpu / (iterations * batch) * 1e6,
-                "workers": trainer.pipeline.workers,
-                "cached": len(trainer.pipeline.cache),
+                "workers": workers,
+                "cached": cached,
             }
         )
     )
 
 
-def point(model: str, cores: int, mem_gb: float, iterations: int, batch: int) -> dict:
+def point(
+    model: str, cores: int, mem_gb: float, iterations: int, batch: int, data_only: bool
+) -> dict:
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
     output = subprocess.run(
         [sys.executable, __file__, "--point", model, str(cores), str(mem_gb),
-         "--iterations", str(iterations), "--batch-size", str(batch)],
+         "--iterations", str(iterations), "--batch-size", str(batch),
+         *(["--data-only"] if data_only else [])],
         cwd=ROOT, env=env, check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
     result: dict = json.loads(output.strip().splitlines()[-1])
@@ -87,10 +106,11 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--point", nargs=3, metavar=("MODEL", "CORES", "MEM_GB"))
+    parser.add_argument("--data-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.point:
         model, cores, mem_gb = args.point
-        measure(model, int(cores), float(mem_gb), args.iterations, args.batch_size)
+        measure(model, int(cores), float(mem_gb), args.iterations, args.batch_size, args.data_only)
         return
     available = len(os.sched_getaffinity(0))
     if available < 2:
@@ -101,23 +121,24 @@ def main() -> None:
         f"{args.iterations} iterations per point; samples/s"
     )
     print(
-        f"{'model':<10} {'kind':<7} {'cache':<6} {'1 core':>9} {'2 cores':>9} {'speed-up':>9}"
-        f" {'CPU us/sample':>14}"
+        f"{'model':<10} {'kind':<7} {'stage':<9} {'cache':<6} {'1 core':>9} {'2 cores':>9}"
+        f" {'speed-up':>9} {'CPU us/sample':>14}"
     )
     for model, kind in MODELS:
-        for cache, mem_gb in (("none", NO_CACHE_GB), ("whole", WHOLE_CACHE_GB)):
-            runs: dict[int, list[dict]] = {1: [], 2: []}
-            for _ in range(args.repeats):
-                for cores in (1, 2):  # alternated, so that a busy spell hits both
-                    runs[cores].append(
-                        point(model, cores, mem_gb, args.iterations, args.batch_size)
-                    )
-            one, two = (max(r["samples_per_s"] for r in runs[c]) for c in (1, 2))
-            cpu = min(r["cpu_us_per_sample"] for r in runs[1])
-            print(
-                f"{model:<10} {kind:<7} {cache:<6} {one:>9.0f} {two:>9.0f} {two / one:>8.2f}x"
-                f" {cpu:>14.0f}"
-            )
+        for stage, data_only in (("training", False), ("data", True)):
+            for cache, mem_gb in (("none", NO_CACHE_GB), ("whole", WHOLE_CACHE_GB)):
+                runs: dict[int, list[dict]] = {1: [], 2: []}
+                for _ in range(args.repeats):
+                    for cores in (1, 2):  # alternated, so that a busy spell hits both
+                        runs[cores].append(
+                            point(model, cores, mem_gb, args.iterations, args.batch_size, data_only)
+                        )
+                one, two = (max(r["samples_per_s"] for r in runs[c]) for c in (1, 2))
+                cpu = min(r["cpu_us_per_sample"] for r in runs[1])
+                print(
+                    f"{model:<10} {kind:<7} {stage:<9} {cache:<6} {one:>9.0f} {two:>9.0f}"
+                    f" {two / one:>8.2f}x {cpu:>14.0f}"
+                )
     print_machine_speed()
 
 
