@@ -349,8 +349,10 @@ async def test_the_command_endpoint_is_a_nats_micro_service_named_with_its_node(
 ):
     info = json.loads((await nc.request("$SRV.INFO.gpusched-nodeagent", b"", timeout=5)).data)
     assert (info["name"], info["metadata"]) == ("gpusched-nodeagent", {"node": NODE})
-    [endpoint] = info["endpoints"]
-    assert (endpoint["name"], endpoint["subject"]) == ("command", subjects.node_command(NODE))
+    assert {(e["name"], e["subject"]) for e in info["endpoints"]} == {
+        ("command", subjects.node_command(NODE)),
+        ("profile", subjects.node_profile(NODE)),
+    }
     ping = json.loads((await nc.request("$SRV.PING.gpusched-nodeagent", b"", timeout=5)).data)
     assert (ping["name"], ping["id"], ping["metadata"]) == (
         "gpusched-nodeagent", info["id"], {"node": NODE}

@@ -99,8 +99,11 @@ async def test_the_service_answers_ping_and_info_with_its_name_and_endpoints(
         subjects.PREDICT_ITERATIONS,
         subjects.PREDICT_THROUGHPUT,
         subjects.PREDICT_SLOWDOWN,
+        subjects.PREDICT_CPU_PROFILE,
     }
-    assert {e["name"] for e in info["endpoints"]} == {"iterations", "throughput", "slowdown"}
+    assert {e["name"] for e in info["endpoints"]} == {
+        "iterations", "throughput", "slowdown", "cpu_profile"
+    }
 
 
 async def test_stats_count_requests_and_errors_per_endpoint(

@@ -155,6 +155,7 @@ def scheduler() -> Permissions:
         subscribe=(
             subjects.ALL_HEARTBEATS,
             subjects.ALL_JOB_PROGRESS,
+            subjects.ALL_CPU_PROFILES,
             f"{P}.scheduler.*.status",
             "$SRV.>",
         ),
@@ -167,6 +168,9 @@ def predictor() -> Permissions:
     keeps what it learned in its own bucket."""
     return Permissions(
         publish=(
+            # asks a node to measure a CPU profile, and tells schedulers what it stored
+            f"{P}.node.*.profile",
+            subjects.ALL_CPU_PROFILES,
             kv_keys(subjects.PREDICTOR_BUCKET),
             *_open_stores(),
             *_read_bucket(subjects.JOBS_BUCKET),
@@ -195,7 +199,11 @@ def nodeagent(node: str) -> Permissions:
             f"{P}.job.*.exit",
             *_open_stores(),
         ),
-        subscribe=(subjects.node_command(node), *_micro_discovery(NODEAGENT_SERVICE)),
+        subscribe=(
+            subjects.node_command(node),
+            subjects.node_profile(node),
+            *_micro_discovery(NODEAGENT_SERVICE),
+        ),
         allow_responses=True,
     )
 

@@ -419,6 +419,45 @@ class Prediction(msgspec.Struct, frozen=True, kw_only=True):
     source: str = "profile"
 
 
+class CpuProfilePoint(msgspec.Struct, frozen=True, array_like=True):
+    """One CPU count of a measured profile: seconds per training sample with the data
+    set's decoded samples cached, and with every sample decoded again."""
+
+    cpus: PositiveInt
+    cached_sample_s: Annotated[float, msgspec.Meta(gt=0)]
+    uncached_sample_s: Annotated[float, msgspec.Meta(gt=0)]
+
+
+class CpuProfile(msgspec.Struct, frozen=True, kw_only=True):
+    """A model's CPU and memory sensitivity as a node measured it with the real worker on
+    one GPU (see services/nodeagent/cpu_profiling.py); services/predictor/cpu_profiles.py
+    derives Synergy's best-case vector and speed-ups from it."""
+
+    model: Name
+    node: str
+    measured_at: float
+    #: the measuring node's CPUs, GPUs and host memory: its fair share per GPU
+    node_cpus: PositiveInt
+    node_gpus: PositiveInt
+    node_mem_gb: Annotated[float, msgspec.Meta(gt=0)]
+    #: host memory the worker holds besides its cache, and what caching the whole data
+    #: set of the default size takes
+    resident_gb: Annotated[float, msgspec.Meta(ge=0)]
+    dataset_gb: Annotated[float, msgspec.Meta(ge=0)]
+    #: by CPU count, most first (all the node's cores, then halved down to one)
+    points: Annotated[list[CpuProfilePoint], msgspec.Meta(min_length=1)]
+
+
+class CpuProfileRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """Ask for a model's measured profile: the predictor answers the stored one (404 if
+    none) unless ``node`` is given and it has none or ``refresh`` is set, in which case
+    that node measures it first. A node agent measures on every request."""
+
+    model: Name
+    node: Name | None = None
+    refresh: bool = False
+
+
 def split_problem(batch_size: int, gpus: int, accum_steps: int) -> str:
     """Why a global batch cannot give every GPU a sample in each accumulation step, or ''."""
     if gpus * accum_steps < 1 or batch_size // (gpus * accum_steps) < 1:

@@ -63,6 +63,16 @@ def node_command(node: str) -> str:
     return f"{PREFIX}.node.{_id(node)}.command"
 
 
+def node_profile(node: str) -> str:
+    """NATS micro endpoint of a node agent: measure a model's CPU profile there."""
+    return f"{PREFIX}.node.{_id(node)}.profile"
+
+
+def cpu_profile_measured(model: str) -> str:
+    """Published by the predictor whenever it stores a model's measured CPU profile."""
+    return f"{PREFIX}.model.{_id(model)}.cpu_profile"
+
+
 def node_heartbeat(node: str) -> str:
     return f"{PREFIX}.node.{_id(node)}.heartbeat"
 
@@ -85,9 +95,12 @@ PREDICTOR_GROUP = f"{PREFIX}.predictor"
 PREDICT_ITERATIONS = f"{PREDICTOR_GROUP}.iterations"
 PREDICT_THROUGHPUT = f"{PREDICTOR_GROUP}.throughput"
 PREDICT_SLOWDOWN = f"{PREDICTOR_GROUP}.slowdown"
+#: a model's measured CPU/memory profile (CpuProfileRequest -> CpuProfile)
+PREDICT_CPU_PROFILE = f"{PREDICTOR_GROUP}.cpu_profile"
 
 ALL_JOB_STATES = f"{PREFIX}.job.*.state"
 ALL_JOB_PROGRESS = f"{PREFIX}.job.*.progress"
+ALL_CPU_PROFILES = f"{PREFIX}.model.*.cpu_profile"
 ALL_HEARTBEATS = f"{PREFIX}.node.*.heartbeat"
 ALL_TELEMETRY = f"{PREFIX}.node.*.telemetry"
 EVERYTHING = f"{PREFIX}.>"

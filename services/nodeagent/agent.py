@@ -35,6 +35,7 @@ from libs.common.embedded import free_port
 from libs.common.schemas import (
     Command,
     CommandReply,
+    CpuProfile,
     NodeInfo,
     Progress,
     ReallocateJob,
@@ -45,9 +46,10 @@ from libs.common.schemas import (
 )
 from libs.core.groundtruth import ProfilePerformanceModel, load_performance_model
 from services.nodeagent.checks import run_kind, start_problem
-from services.nodeagent.command_service import serve_commands
+from services.nodeagent.command_service import serve_commands, serve_profiles
 from services.nodeagent.config import NodeAgentConfig
 from services.nodeagent.cores import machine_cores, pick_cores, real_cores
+from services.nodeagent.cpu_profiling import ProfileSettings, measure_cpu_profile
 from services.nodeagent.exits import PUBLISH_TIMEOUT_S, ExitOutbox, job_exit
 from services.nodeagent.gpus import GpuInventory, discover, read_nvml
 from services.nodeagent.job_contract import process_plan
@@ -175,6 +177,8 @@ class NodeAgent(Actor[AgentMessage]):
         self._metrics = metrics()
         #: the machine's cores the node's (possibly emulated) cores map onto
         self._machine_cores = machine_cores()
+        #: one CPU profile at a time: two would measure each other
+        self._profiling = asyncio.Lock()
 
     # ---- public ---------------------------------------------------------------------
     @property
@@ -250,6 +254,7 @@ class NodeAgent(Actor[AgentMessage]):
         self._commands = await serve_commands(
             self._nc, config.name, self._answer, self._count_command
         )
+        await serve_profiles(self._commands, config.name, self._measure_cpu_profile)
         await self._nc.flush()
         self._seen_reconnects = self._nc.stats["reconnects"]
         self._registered = await self._register()
@@ -368,6 +373,21 @@ class NodeAgent(Actor[AgentMessage]):
         future: asyncio.Future[CommandReply] = asyncio.get_running_loop().create_future()
         self.tell(_Command(command, future))
         return await future
+
+    async def _measure_cpu_profile(self, model: str) -> CpuProfile:
+        """Synergy's optimistic profile of ``model`` on this node, with the real worker
+        (beside the actor: it takes seconds, and runs go on meanwhile)."""
+        settings = ProfileSettings(rounds=self.config.cpu_profile_rounds)
+        async with self._profiling:
+            self.log.info("measuring a CPU profile", model=model)
+            profile = await measure_cpu_profile(
+                model, self.info, self._machine_cores, settings
+            )
+        self.log.info(
+            "measured a CPU profile", model=model,
+            points=[(p.cpus, round(p.uncached_sample_s * 1e6)) for p in profile.points],
+        )  # fmt: skip
+        return profile
 
     def _count_command(self, kind: str, reply: CommandReply) -> None:
         self._metrics.commands.labels(kind, "ok" if reply.ok else "refused").inc()

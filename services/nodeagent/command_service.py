@@ -24,12 +24,19 @@ from nats.aio.client import Client
 from nats.micro.service import Service
 
 from libs.common import codec, natsauth, subjects
-from libs.common.schemas import SCHEMA_VERSION, Command, CommandReply
+from libs.common.schemas import (
+    SCHEMA_VERSION,
+    Command,
+    CommandReply,
+    CpuProfile,
+    CpuProfileRequest,
+)
 
 SERVICE_NAME = natsauth.NODEAGENT_SERVICE
 SERVICE_VERSION = "0.1.0"
 SERVICE_DESCRIPTION = "gpusched node agent: starts, stops and resizes jobs on one node"
 ENDPOINT = "command"
+PROFILE_ENDPOINT = "profile"
 _COMMAND = cast("type[Command]", Command)
 
 def decode_command(data: bytes, headers: dict[str, str] | None) -> Command:
@@ -82,3 +89,32 @@ async def serve_commands(
         await service.stop()
         raise
     return service
+
+
+async def serve_profiles(
+    service: Service, node: str, measure: Callable[[str], Awaitable[CpuProfile]]
+) -> None:
+    """Add the ``profile`` endpoint on ``gpusched.node.<node>.profile``: a
+    :class:`~libs.common.schemas.CpuProfileRequest` in, the
+    :class:`~libs.common.schemas.CpuProfile` that ``measure`` takes of its model out.
+    Errors use the ``Nats-Service-Error`` headers: 400 for an undecodable request, 500
+    when measuring failed (the description says why)."""
+
+    async def on_request(request: micro.Request) -> None:
+        try:
+            wanted = codec.decode(request.data, CpuProfileRequest)
+        except msgspec.DecodeError as exc:
+            await request.respond_error("400", f"undecodable CpuProfileRequest: {exc}")
+            return
+        try:
+            profile = await measure(wanted.model)
+        except Exception as exc:
+            await request.respond_error("500", " ".join(str(exc).split()) or repr(exc))
+            return
+        with contextlib.suppress(Exception):
+            await request.respond(codec.encode(profile), headers=codec.headers())
+
+    await service.add_endpoint(
+        name=PROFILE_ENDPOINT, subject=subjects.node_profile(node), handler=on_request,
+        metadata={"node": node},
+    )

@@ -88,6 +88,9 @@ class NodeAgentConfig:
     metrics_port: int | None = None
     #: the address other nodes reach this one at, for the ranks of jobs across nodes
     advertise_host: str = field(default_factory=socket.gethostname)
+    #: passes over the CPU counts of a CPU profile (services/nodeagent/cpu_profiling.py);
+    #: each point keeps its fastest pass
+    cpu_profile_rounds: int = 2
 
     def __post_init__(self) -> None:
         if not isinstance(self.nats_url, str) or not self.nats_url.startswith(NATS_SCHEMES):
@@ -131,6 +134,7 @@ class NodeAgentConfig:
             if not data_dir.is_dir():
                 raise ValueError(f"data_dir: {str(data_dir)!r} is not a directory")
             object.__setattr__(self, "data_dir", data_dir)
+        _check_int("cpu_profile_rounds", self.cpu_profile_rounds, low=1, high=100)
         if self.metrics_port is not None:
             _check_int("metrics_port", self.metrics_port, low=0, high=65535)
         if not isinstance(self.advertise_host, str) or not re.fullmatch(
@@ -192,4 +196,5 @@ ENVIRONMENT: dict[str, Setting[Any]] = {
     "preempt_grace_s": Setting("GPUSCHED_NODEAGENT_PREEMPT_GRACE_S", settings.number()),
     "metrics_port": Setting("GPUSCHED_NODEAGENT_METRICS_PORT", settings.integer()),
     "advertise_host": Setting("GPUSCHED_NODEAGENT_HOST", settings.text()),
+    "cpu_profile_rounds": Setting("GPUSCHED_NODEAGENT_CPU_PROFILE_ROUNDS", settings.integer()),
 }

@@ -10,6 +10,7 @@ with an error: its code and description).
 from __future__ import annotations
 
 import math
+from typing import TypeVar
 
 import msgspec
 import nats.errors
@@ -17,7 +18,9 @@ from nats.aio.client import Client
 from nats.micro.request import ERROR_CODE_HEADER, ERROR_HEADER
 
 from libs.common import codec, subjects
-from libs.common.schemas import Prediction, PredictRequest
+from libs.common.schemas import CpuProfile, CpuProfileRequest, Prediction, PredictRequest
+
+T = TypeVar("T", bound=msgspec.Struct)
 
 __all__ = ["PredictorClient", "PredictorClientError", "PredictorError", "PredictorUnavailable"]
 
@@ -48,15 +51,26 @@ class PredictorClient:
         self.timeout_s = timeout_s
 
     async def iterations(self, req: PredictRequest) -> Prediction:
-        return await self._ask(subjects.PREDICT_ITERATIONS, req)
+        return await self._ask(subjects.PREDICT_ITERATIONS, req, Prediction)
 
     async def throughput(self, req: PredictRequest) -> Prediction:
-        return await self._ask(subjects.PREDICT_THROUGHPUT, req)
+        return await self._ask(subjects.PREDICT_THROUGHPUT, req, Prediction)
 
     async def slowdown(self, req: PredictRequest) -> Prediction:
-        return await self._ask(subjects.PREDICT_SLOWDOWN, req)
+        return await self._ask(subjects.PREDICT_SLOWDOWN, req, Prediction)
 
-    async def _ask(self, subject: str, req: PredictRequest) -> Prediction:
+    async def cpu_profile(self, model: str) -> CpuProfile | None:
+        """The model's measured CPU profile; None when none was measured."""
+        try:
+            return await self._ask(
+                subjects.PREDICT_CPU_PROFILE, CpuProfileRequest(model=model), CpuProfile
+            )
+        except PredictorError as exc:
+            if exc.code == "404":
+                return None
+            raise
+
+    async def _ask(self, subject: str, req: msgspec.Struct, kind: type[T]) -> T:
         try:
             reply = await self._nc.request(
                 subject, codec.encode(req), timeout=self.timeout_s, headers=codec.headers()
@@ -69,6 +83,6 @@ class PredictorClient:
         if code:
             raise PredictorError(code, headers.get(ERROR_HEADER, ""))
         try:
-            return codec.decode(reply.data, Prediction)
+            return codec.decode(reply.data, kind)
         except msgspec.DecodeError as exc:
             raise PredictorError("502", f"unreadable reply on {subject}: {exc}") from exc

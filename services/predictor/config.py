@@ -27,6 +27,11 @@ class PredictorConfig:
     metrics_host: str = "0.0.0.0"
     #: how often what was learned is saved to KV when it changed (and always on stop)
     save_every_s: float = 5.0
+    #: measure a model's CPU/memory profile on the node where a job of it first starts,
+    #: when none was measured yet (see services/nodeagent/cpu_profiling.py)
+    profile_cpu: bool = False
+    #: how long a node may take to measure one
+    profile_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.nats_url, str) or not self.nats_url.startswith(NATS_SCHEMES):
@@ -56,12 +61,18 @@ class PredictorConfig:
         every = self.save_every_s
         if isinstance(every, bool) or not isinstance(every, int | float) or not every > 0:
             raise ValueError(f"save_every_s must be a number > 0, got {every!r}")
+        if not isinstance(self.profile_cpu, bool):
+            raise ValueError(f"profile_cpu must be true or false, got {self.profile_cpu!r}")
+        limit = self.profile_timeout_s
+        if isinstance(limit, bool) or not isinstance(limit, int | float) or not limit > 0:
+            raise ValueError(f"profile_timeout_s must be a number > 0, got {limit!r}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> PredictorConfig:
         """NATS_URL, GPUSCHED_DATA_DIR, GPUSCHED_PREDICTOR_HISTORY_WEIGHT,
-        GPUSCHED_PREDICTOR_METRICS_PORT, GPUSCHED_PREDICTOR_METRICS_HOST and
-        GPUSCHED_PREDICTOR_SAVE_EVERY_S; unset or empty variables keep the defaults."""
+        GPUSCHED_PREDICTOR_METRICS_PORT, GPUSCHED_PREDICTOR_METRICS_HOST,
+        GPUSCHED_PREDICTOR_SAVE_EVERY_S, GPUSCHED_PREDICTOR_PROFILE_CPU and
+        GPUSCHED_PREDICTOR_PROFILE_TIMEOUT_S; unset or empty variables keep the defaults."""
         return cls(**load(ENVIRONMENT, environ))
 
 
@@ -73,4 +84,6 @@ ENVIRONMENT: dict[str, Setting[Any]] = {
     "metrics_port": Setting("GPUSCHED_PREDICTOR_METRICS_PORT", settings.integer()),
     "metrics_host": Setting("GPUSCHED_PREDICTOR_METRICS_HOST", settings.text()),
     "save_every_s": Setting("GPUSCHED_PREDICTOR_SAVE_EVERY_S", settings.number()),
+    "profile_cpu": Setting("GPUSCHED_PREDICTOR_PROFILE_CPU", settings.boolean()),
+    "profile_timeout_s": Setting("GPUSCHED_PREDICTOR_PROFILE_TIMEOUT_S", settings.number()),
 }

@@ -15,6 +15,10 @@ What it learns, and from what:
   ``measured / predicted exclusive time``; a moving average of its ratio to the
   profile's slowdown corrects the profile's answer, which never drops below 1.
 - **Iterations** of a model: the mean ``total_iterations`` of its completed jobs.
+- **CPU/memory sensitivity** of a model: the last profile a node measured with the real
+  worker (:class:`~libs.common.schemas.CpuProfile`, see services/predictor/cpu_profiles.py);
+  where there is one, a request's CPUs and memory per GPU take their speed-up from it
+  instead of from the built-in profile.
 
 A progress event whose job has not advanced an iteration since its previous event
 repeats an old measurement and teaches nothing.
@@ -33,10 +37,11 @@ from typing import TypeVar
 
 import msgspec
 
-from libs.common.schemas import JobProgressEvent, Prediction, PredictRequest
+from libs.common.schemas import CpuProfile, JobProgressEvent, Prediction, PredictRequest
 from libs.core.perf import PerformanceModel, UnknownModelError
 from libs.core.profiles.synergy import SYNERGY_FAIR_CPUS, SYNERGY_FAIR_MEM_GB
 from libs.core.shape import JobShape
+from services.predictor.cpu_profiles import Sensitivity
 
 __all__ = [
     "DEFAULT_HISTORY_WEIGHT",
@@ -113,6 +118,8 @@ class Learned(msgspec.Struct, frozen=True, kw_only=True):
     solo: list[LearnedRatio] = []
     pairs: list[LearnedRatio] = []
     completed: list[LearnedIterations] = []
+    #: the latest measured CPU profile of each model
+    cpu_profiles: list[CpuProfile] = []
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +154,8 @@ class BaselinePredictor:
         #: model -> (completed jobs, their iterations summed)
         self._completed: dict[str, tuple[int, int]] = {}
         self._jobs: OrderedDict[str, _LastProgress] = OrderedDict()
+        #: model -> its measured CPU/memory sensitivity
+        self._sensitivity: dict[str, Sensitivity] = {}
         #: bumped by every change to what is learned (to know when to save it)
         self.changes = 0
 
@@ -275,6 +284,17 @@ class BaselinePredictor:
         self._completed[model] = (count + 1, total + iterations)
         self.changes += 1
 
+    def observe_cpu_profile(self, profile: CpuProfile) -> None:
+        """A node measured ``profile.model``'s CPU/memory sensitivity (replaces any
+        earlier profile of the model)."""
+        self._sensitivity[profile.model] = Sensitivity(profile)
+        self.changes += 1
+
+    def cpu_profile(self, model: str) -> CpuProfile | None:
+        """The measured profile of ``model``, None where none was measured."""
+        found = self._sensitivity.get(model)
+        return None if found is None else found.profile
+
     def learned(self) -> Learned:
         """What has been learned so far, to store."""
         return Learned(
@@ -284,6 +304,7 @@ class BaselinePredictor:
                 LearnedIterations(model, jobs, total)
                 for model, (jobs, total) in self._completed.items()
             ],
+            cpu_profiles=[found.profile for found in self._sensitivity.values()],
         )
 
     def restore(self, learned: Learned) -> int:
@@ -305,7 +326,11 @@ class BaselinePredictor:
             if done.model in known and done.jobs > 0 and done.iterations >= done.jobs:
                 self._completed[done.model] = (done.jobs, done.iterations)
                 taken += 1
+        for profile in learned.cpu_profiles:
+            self._sensitivity[profile.model] = Sensitivity(profile)
+            taken += 1
         return taken
+
     def forget_job(self, job_id: str) -> None:
         """Drop what is kept about a job that will report no more progress."""
         self._jobs.pop(job_id, None)
@@ -335,7 +360,14 @@ class BaselinePredictor:
         seconds = self.performance.iteration_time(
             req.model, req.batch_size, req.gpus, req.nodes, req.accum_steps
         )
-        if req.cpus_per_gpu is not None or req.mem_gb_per_gpu is not None:
+        measured = self._sensitivity.get(req.model)
+        allocated = req.cpus_per_gpu is not None or req.mem_gb_per_gpu is not None
+        if measured is not None and allocated:
+            seconds /= measured.speedup(
+                measured.fair_cpus if req.cpus_per_gpu is None else req.cpus_per_gpu,
+                measured.fair_mem_gb if req.mem_gb_per_gpu is None else req.mem_gb_per_gpu,
+            )
+        elif allocated:
             speedup = self.performance.cpu_mem_speedup(
                 req.model,
                 req.gpus,

@@ -10,7 +10,15 @@ the reply uses the request's encoding. Errors carry the ``Nats-Service-Error`` a
 field), 404 for an unknown model, 500 for anything else.
 
 Every instance listens to all progress events (what it learns speeds from) and state
-events (a SUCCEEDED job's record gives its model's iteration count). What it learned is
+events (a SUCCEEDED job's record gives its model's iteration count).
+
+``cpu_profile`` takes a :class:`~libs.common.schemas.CpuProfileRequest` and answers the
+model's measured :class:`~libs.common.schemas.CpuProfile` (404 when there is none): a
+request naming a node has that node's agent measure it first when none is stored or
+``refresh`` is set, and with ``profile_cpu`` configured the predictor asks the node
+where a job of a model without one first runs. Every profile stored is published on
+``gpusched.model.<model>.cpu_profile`` (the scheduler's estimates follow it) and kept
+with the rest of what was learned. What it learned is
 saved to the KV bucket ``gpusched_predictor`` every ``save_every_s`` while it changes and
 on stop, and read back at start, so a restarted predictor keeps its corrections.
 """
@@ -23,6 +31,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from importlib import metadata
+from typing import TypeVar
 
 import msgspec
 import structlog
@@ -33,7 +42,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
-from nats.micro.request import Request, ServiceError
+from nats.micro.request import ERROR_HEADER, Request, ServiceError
 from nats.micro.service import Service
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import generate_latest
@@ -42,6 +51,8 @@ from libs.common import codec, natsauth, subjects
 from libs.common.bus import Stores, connect, settle
 from libs.common.schemas import (
     SCHEMA_VERSION,
+    CpuProfile,
+    CpuProfileRequest,
     JobProgressEvent,
     JobRecord,
     JobState,
@@ -66,6 +77,7 @@ MAX_REMEMBERED_COMPLETIONS = 100_000
 log = structlog.get_logger("gpusched.predictor")
 
 Answer = Callable[[PredictRequest], Prediction]
+R = TypeVar("R", bound=msgspec.Struct)
 
 
 def service_version() -> str:
@@ -75,12 +87,21 @@ def service_version() -> str:
         return "0.0.0"
 
 
+class ProfilingFailed(RuntimeError):
+    """A node did not measure a CPU profile."""
+
+
 class BadRequest(ValueError):
     """A request payload that cannot be read as a PredictRequest."""
 
 
 def decode_request(data: bytes, headers: dict[str, str] | None) -> tuple[PredictRequest, bool]:
     """The request and whether it came as JSON. Raises :class:`BadRequest`."""
+    return decode_as(data, headers, PredictRequest)
+
+
+def decode_as(data: bytes, headers: dict[str, str] | None, kind: type[R]) -> tuple[R, bool]:
+    """A request of type ``kind`` and whether it came as JSON. Raises :class:`BadRequest`."""
     schema = (headers or {}).get(codec.SCHEMA_HEADER)
     if schema is not None and schema != str(SCHEMA_VERSION):
         raise BadRequest(
@@ -95,11 +116,11 @@ def decode_request(data: bytes, headers: dict[str, str] | None) -> tuple[Predict
         )
     try:
         if as_json:
-            return msgspec.json.decode(data, type=PredictRequest), True
-        return codec.decode(data, PredictRequest), False
+            return msgspec.json.decode(data, type=kind), True
+        return codec.decode(data, kind), False
     except msgspec.DecodeError as exc:
-        kind = "JSON" if as_json else "MessagePack"
-        raise BadRequest(f"bad PredictRequest ({kind}): {exc}") from None
+        encoding = "JSON" if as_json else "MessagePack"
+        raise BadRequest(f"bad {kind.__name__} ({encoding}): {exc}") from None
 
 
 def _one_line(text: str) -> str:
@@ -150,6 +171,9 @@ class PredictorService:
         self._learned_kv: KeyValue | None = None
         self._saved_changes = 0
         self._saver: asyncio.Task[None] | None = None
+        #: models whose CPU profile a node is measuring now
+        self._profiling: dict[str, asyncio.Task[CpuProfile | None]] = {}
+        self._background: set[asyncio.Task[None]] = set()
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -182,6 +206,10 @@ class PredictorService:
             for subject, answer in endpoints.items():
                 name = subject.removeprefix(subjects.PREDICTOR_GROUP + ".")
                 await group.add_endpoint(name=name, handler=self._handler(name, answer))
+            await group.add_endpoint(
+                name=subjects.PREDICT_CPU_PROFILE.removeprefix(subjects.PREDICTOR_GROUP + "."),
+                handler=self._answer_cpu_profile,
+            )
             self._subscriptions = [
                 await self._nc.subscribe(subjects.ALL_JOB_PROGRESS, cb=self._on_progress),
                 await self._nc.subscribe(subjects.ALL_JOB_STATES, cb=self._on_state),
@@ -202,6 +230,11 @@ class PredictorService:
         )
 
     async def stop(self) -> None:
+        for task in [*self._background, *self._profiling.values()]:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        self._profiling.clear()
         if self._saver is not None:
             self._saver.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -251,28 +284,114 @@ class PredictorService:
         return handle
 
     async def _answer(self, endpoint: str, answer: Answer, request: Request) -> None:
+        async def work() -> tuple[msgspec.Struct, bool]:
+            try:
+                req, as_json = decode_request(request.data, request.headers)
+                return answer(req), as_json
+            except (BadRequest, ValueError) as exc:
+                raise ServiceError("400", _one_line(str(exc))) from None
+            except UnknownModelError as exc:
+                raise ServiceError("404", _one_line(str(exc))) from None
+            except Exception as exc:
+                log.exception("prediction failed", endpoint=endpoint)
+                raise ServiceError("500", _one_line(f"internal error: {exc!r}")) from None
+
+        await self._serve(endpoint, request, work)
+
+    async def _answer_cpu_profile(self, request: Request) -> None:
+        async def work() -> tuple[msgspec.Struct, bool]:
+            try:
+                wanted, as_json = decode_as(request.data, request.headers, CpuProfileRequest)
+            except BadRequest as exc:
+                raise ServiceError("400", _one_line(str(exc))) from None
+            profile = self.predictor.cpu_profile(wanted.model)
+            if wanted.node is not None and (profile is None or wanted.refresh):
+                try:
+                    profile = await self._profile(wanted.model, wanted.node)
+                except ProfilingFailed as exc:
+                    raise ServiceError("502", _one_line(str(exc))) from None
+            if profile is None:
+                raise ServiceError("404", f"no measured CPU profile of {wanted.model!r}")
+            return profile, as_json
+
+        await self._serve("cpu_profile", request, work)
+
+    async def _serve(
+        self,
+        endpoint: str,
+        request: Request,
+        work: Callable[[], Awaitable[tuple[msgspec.Struct, bool]]],
+    ) -> None:
+        """Answer what ``work`` returns (a reply and whether the request was JSON) in the
+        request's encoding, counting the reply code; ``work`` raises ServiceError."""
         started = time.perf_counter()
         code = "200"
         try:
-            req, as_json = decode_request(request.data, request.headers)
-            prediction = answer(req)
-        except (BadRequest, ValueError) as exc:
-            code = "400"
-            raise ServiceError(code, _one_line(str(exc))) from None
-        except UnknownModelError as exc:
-            code = "404"
-            raise ServiceError(code, _one_line(str(exc))) from None
-        except Exception as exc:
-            code = "500"
-            log.exception("prediction failed", endpoint=endpoint)
-            raise ServiceError(code, _one_line(f"internal error: {exc!r}")) from None
+            reply, as_json = await work()
+        except ServiceError as exc:
+            code = exc.code
+            raise
         finally:
             self.metrics.requests.labels(endpoint, code).inc()
             self.metrics.request_seconds.labels(endpoint).observe(time.perf_counter() - started)
         if as_json:
-            await request.respond(msgspec.json.encode(prediction), headers=JSON_HEADERS)
+            await request.respond(msgspec.json.encode(reply), headers=JSON_HEADERS)
         else:
-            await request.respond(codec.encode(prediction), headers=codec.headers())
+            await request.respond(codec.encode(reply), headers=codec.headers())
+
+    async def _profile(self, model: str, node: str) -> CpuProfile:
+        """Have ``node`` measure ``model`` (joining a measurement under way), store the
+        profile, publish it and save. Raises :class:`ProfilingFailed`."""
+        task = self._profiling.get(model)
+        if task is None:
+            task = asyncio.create_task(self._measure(model, node), name=f"profile-{model}")
+            self._profiling[model] = task
+            task.add_done_callback(lambda _: self._profiling.pop(model, None))
+        profile = await asyncio.shield(task)
+        if profile is None:
+            raise ProfilingFailed(f"node {node} could not measure {model!r} (see its log)")
+        return profile
+
+    async def _measure(self, model: str, node: str) -> CpuProfile | None:
+        assert self._nc is not None
+        bound = log.bind(model=model, node=node)
+        try:
+            reply = await self._nc.request(
+                subjects.node_profile(node), codec.encode(CpuProfileRequest(model=model)),
+                timeout=self.config.profile_timeout_s, headers=codec.headers(),
+            )  # fmt: skip
+            error = (reply.headers or {}).get(ERROR_HEADER)
+            if error:
+                bound.warning("measuring a CPU profile failed", error=error)
+                return None
+            profile = codec.decode(reply.data, CpuProfile)
+        except Exception as exc:
+            bound.warning("measuring a CPU profile failed", error=repr(exc))
+            return None
+        self.predictor.observe_cpu_profile(profile)
+        with contextlib.suppress(Exception):
+            await self._nc.publish(
+                subjects.cpu_profile_measured(model), codec.encode(profile),
+                headers=codec.headers(),
+            )  # fmt: skip
+        await self._save_learned()
+        bound.info("stored a measured CPU profile", points=len(profile.points))
+        return profile
+
+    async def _profile_first_run(self, event: JobStateEvent) -> None:
+        """A job started: have its node measure its model if nobody has yet."""
+        assert self._stores is not None
+        try:
+            entry = await self._stores.jobs.get(event.job_id)
+            if not entry.value:
+                return
+            model = codec.decode(entry.value, JobRecord).current_spec.model
+        except Exception as exc:  # no record (yet), unreadable, NATS away: no profile now
+            log.debug("no model to profile", job_id=event.job_id, error=repr(exc))
+            return
+        if self.predictor.cpu_profile(model) is None and model not in self._profiling:
+            with contextlib.suppress(ProfilingFailed):
+                await self._profile(model, event.placement[0].node)
 
     # ----------------------------------------------------------------- learning
 
@@ -307,6 +426,11 @@ class PredictorService:
                 self.predictor.forget_job(event.job_id)
             if event.state is JobState.SUCCEEDED and event.job_id not in self._completed:
                 await self._learn_completion(event.job_id)
+            if self.config.profile_cpu and event.state is JobState.RUNNING and event.placement:
+                # beside the subscription: measuring takes seconds
+                task = asyncio.create_task(self._profile_first_run(event))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
         except Exception:
             self.metrics.observations.labels("completion", "invalid").inc()
             log.exception("learning from a completed job failed", job_id=event.job_id)

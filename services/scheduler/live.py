@@ -36,6 +36,7 @@ from libs.common.retry import backoff, retry
 from libs.common.schemas import (
     CancelRequest,
     CommandReply,
+    CpuProfile,
     DecisionSummary,
     Heartbeat,
     JobExit,
@@ -60,6 +61,7 @@ from libs.core.groundtruth import load_performance_model
 from libs.core.perf import PerformanceModel, UnknownModelError
 from libs.core.snapshot import Snapshot
 from services.predictor.client import PredictorClient, PredictorClientError
+from services.predictor.cpu_profiles import Sensitivity
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.lease import LeaderLease
 from services.scheduler.policies import make_policy
@@ -175,6 +177,13 @@ class Estimated:
 
 
 @dataclass(frozen=True)
+class Measured:
+    """A model's CPU profile, measured by a node (from the predictor)."""
+
+    profile: CpuProfile
+
+
+@dataclass(frozen=True)
 class StopFailed:
     job_id: str
     run_id: int
@@ -183,7 +192,7 @@ class StopFailed:
 
 Message = (
     Durable | Beat | ProgressSeen | Round | Sweep | Rescan | StartResult | StopFailed
-    | Estimated
+    | Estimated | Measured
 )
 
 
@@ -197,8 +206,12 @@ class LiveScheduler(Actor[Message]):
         self.stores = stores
         self.policy = make_policy(config.policy, config.time_scale, config.max_resident_slowdown)
         truth: PerformanceModel = load_performance_model(config.data_dir)
-        self.estimates: PerformanceModel = ScaledModel(truth, config.time_scale)
+        self.scaled = ScaledModel(truth, config.time_scale)
+        self.estimates: PerformanceModel = self.scaled
         self.predictor = PredictorClient(nc, timeout_s=config.predictor_timeout_s)
+        #: models whose measured CPU profile was asked for (the predictor publishes
+        #: any measured later)
+        self.profiles_asked: set[str] = set()
         self.jobs: dict[str, LiveJob] = {}
         #: ids of jobs known to be finished, so a late message does not read them again
         self.settled: set[str] = set()
@@ -375,6 +388,16 @@ class LiveScheduler(Actor[Message]):
         if prediction.iteration_s:
             self.tell(Estimated(record.id, spec.batch_size, spec.gpus,
                                 prediction.iteration_s * self.config.time_scale))
+        if spec.model not in self.profiles_asked:
+            self.profiles_asked.add(spec.model)
+            try:
+                profile = await self.predictor.cpu_profile(spec.model)
+            except PredictorClientError as exc:
+                self.profiles_asked.discard(spec.model)  # the next job of it asks again
+                self.log.debug("no CPU profile from the predictor", error=str(exc))
+                return
+            if profile is not None:
+                self.tell(Measured(profile))
 
     # ---- dispatch -------------------------------------------------------------------
     async def handle(self, message: Message) -> None:
@@ -410,6 +433,12 @@ class LiveScheduler(Actor[Message]):
                     spec = job.record.current_spec
                     if (spec.batch_size, spec.gpus) == (batch_size, gpus):
                         job.est_iteration_s = iteration_s
+            case Measured(profile):
+                # a new model object: policies recompute what they derived from the old
+                self.scaled = self.scaled.with_measured(Sensitivity(profile))
+                self.estimates = self.scaled
+                self.log.info("using a measured CPU profile", model=profile.model)
+                self._request_round()
             case StopFailed():
                 self.log.warning("stop not confirmed", job_id=message.job_id, error=message.error)
 
@@ -1147,6 +1176,11 @@ class SchedulerService:
                 cb=functools.partial(_tell, scheduler, JobProgressEvent, ProgressSeen),
             )
             stack.push_async_callback(_unsubscribe, progress)
+            profiles = await self.nc.subscribe(
+                subjects.ALL_CPU_PROFILES,
+                cb=functools.partial(_tell, scheduler, CpuProfile, Measured),
+            )
+            stack.push_async_callback(_unsubscribe, profiles)
             consumer = asyncio.create_task(self._consume(scheduler), name="scheduler-consumer")
 
             async def stop_consumer() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,15 +18,31 @@ from libs.core.lifecycle import JobState
 from libs.core.perf import CpuMemDemand, PerformanceModel
 from libs.core.shape import JobShape
 from libs.core.snapshot import JobView, Snapshot
+from services.predictor.cpu_profiles import Sensitivity
 from services.scheduler.policies.base import Policy
 
 
 class ScaledModel:
-    """A performance model whose times are in wall seconds of a sped-up cluster."""
+    """A performance model whose times are in wall seconds of a sped-up cluster, and
+    whose CPU/memory sensitivity of a model comes from the profile a node measured where
+    there is one (``measured``, by model; see services/predictor/cpu_profiles.py)."""
 
-    def __init__(self, inner: PerformanceModel, time_scale: float) -> None:
+    def __init__(
+        self,
+        inner: PerformanceModel,
+        time_scale: float,
+        measured: Mapping[str, Sensitivity] | None = None,
+    ) -> None:
         self.inner = inner
         self.time_scale = time_scale
+        self.measured: Mapping[str, Sensitivity] = dict(measured or {})
+
+    def with_measured(self, sensitivity: Sensitivity) -> ScaledModel:
+        """A new model (policies forget what they derived from the old one) that takes
+        ``sensitivity.model``'s CPU/memory sensitivity from this measurement."""
+        return ScaledModel(
+            self.inner, self.time_scale, {**self.measured, sensitivity.model: sensitivity}
+        )
 
     def models(self) -> tuple[str, ...]:
         return self.inner.models()
@@ -50,9 +66,15 @@ class ScaledModel:
     def cpu_mem_speedup(
         self, model: str, gpus: int, cpus_per_gpu: float, mem_gb_per_gpu: float
     ) -> float:
+        measured = self.measured.get(model)
+        if measured is not None:
+            return measured.speedup(cpus_per_gpu, mem_gb_per_gpu)
         return self.inner.cpu_mem_speedup(model, gpus, cpus_per_gpu, mem_gb_per_gpu)
 
     def cpu_mem_demand(self, model: str) -> CpuMemDemand:
+        measured = self.measured.get(model)
+        if measured is not None:
+            return measured.demand()
         return self.inner.cpu_mem_demand(model)
 
 
