@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
 from hypothesis import HealthCheck, given, settings
@@ -166,3 +166,43 @@ def test_a_job_that_changed_recently_is_left_alone():
     snap = snapshot(cl, PERF, [pending("p0", 100.0)], [running("r0", 500.0, (0,))], now=10.0)
     decision = Ones(min_run_s=60.0).decide(snap)
     assert decision.resizes == () and decision.preemptions == ()
+
+
+def test_a_job_grown_over_the_whole_cluster_gives_way_to_new_jobs():
+    """One job holds both nodes; spanning them costs it 1.3x per iteration. Counting the
+    waiting jobs at one GPU, a schedule that shrinks it to one node and admits them is
+    cheaper, so the search finds it; summing placed jobs only, it never would."""
+    cl = cluster(2, 4, gpu_mem_mb=16_000)
+    big = running("big", 5000.0, tuple(range(8)), model="a", batch=256)
+    waiting = [pending("p0", 6000.0), pending("p1", 6000.0)]
+    snap = snapshot(cl, PERF, waiting, [big], now=1000.0)
+    policy = Ones(seed=3)
+    for _ in range(10):
+        policy.decide(snap)
+    best = policy.population[0]
+    assert "p0" in best and "p1" in best
+    assert best.count("big") == 4
+
+
+def test_a_job_may_change_after_one_epoch_where_its_length_is_known():
+    cl = cluster(1, 4)
+    slow_epoch = replace(running("slow", 5000.0, (0,)), started_at=0.0, epoch_s=500.0)
+    quick_epoch = replace(running("quick", 5000.0, (2,)), started_at=0.0, epoch_s=30.0)
+    snap = snapshot(cl, PERF, [], [slow_epoch, quick_epoch], now=100.0)
+    jobs, _ = Ones(min_run_s=60.0)._jobs(snap)
+    kinds = {job.view.job_id: job.kind for job in jobs}
+    assert kinds == {"slow": "frozen", "quick": "running"}
+
+
+def test_a_search_that_changes_nothing_wakes_less_and_less_often():
+    cl = cluster(1, 1)
+    alone = replace(running("alone", 5000.0, (0,)), started_at=0.0)
+    snap = snapshot(cl, PERF, [], [alone], now=1000.0)
+    policy = Ones(min_run_s=10.0)
+    gaps = []
+    for _ in range(8):
+        decision = policy.decide(snap)
+        assert decision.wake_at is not None
+        gaps.append(decision.wake_at - snap.now)
+    assert gaps[:3] == [10.0, 10.0, 10.0]
+    assert gaps[3:] == [10.0 * 2**k for k in range(1, 6)]

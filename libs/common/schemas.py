@@ -136,10 +136,13 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
         """The spec with the shape the job runs with now (a resize may have changed it)."""
         if self.batch_size is None and self.gpus is None:
             return self.spec
+        # the learning rate scales from the batch the job was submitted with, also when
+        # an elastic start or a resize gave it another one
         return msgspec.structs.replace(
             self.spec,
             batch_size=self.batch_size or self.spec.batch_size,
             gpus=self.gpus or self.spec.gpus,
+            base_batch_size=self.spec.base_batch_size or self.spec.batch_size,
         )
 
 

@@ -53,6 +53,9 @@ class JobView:
     #: GPU-proportional share of its nodes
     cpus: float | None = None
     mem_gb: float | None = None
+    #: running only: seconds one epoch of its data set takes at its current shape, where
+    #: the driver knows the data set's size; None: unknown
+    epoch_s: float | None = None
 
     @property
     def running(self) -> bool:

@@ -344,7 +344,14 @@ class Simulator:
             started_at=job.started_at if running else 0.0,
             cpus=job.cpus if running else None,
             mem_gb=job.mem_gb if running else None,
+            epoch_s=self._epoch_s(job) if running else None,
         )
+
+    @staticmethod
+    def _epoch_s(job: SimJob) -> float | None:
+        if job.convergence is None or job.convergence[0].epoch_samples is None:
+            return None
+        return job.convergence[0].epoch_samples / job.spec.batch_size * job.iter_time
 
     def _predicted_remaining_iterations(self, job: SimJob) -> float:
         """Iterations the policy believes a job has left: the estimate every policy

@@ -8,20 +8,35 @@ each changeable job with probability 0.3, every candidate repaired (sizes onto t
 doubling ladder, padded in three passes, laid out contiguously with few moves), and the
 best 16 of the 48 kept. The best individual is applied.
 
-Fitness (lower is better) is the predicted remaining GPU-seconds of the placed jobs:
+Fitness (lower is better) is the predicted remaining GPU-seconds of the jobs:
 ``n x remaining samples / throughput at n``, with remaining samples = remaining iterations
 (``est_remaining_s`` over the estimated iteration time at the job's current shape) x its
 global batch, and throughput at n from ``snapshot.estimates`` at per-GPU batch fixed.
 
 Where this differs from the method's description (DESIGN.md section 5, ONES), and why:
 
-- A ``Start`` cannot change a queued job's shape, so a new job starts at the GPUs it asked
-  for (1 for a one-GPU job); growth from there is by doubling, up to 4x the ask and the
-  cluster. Likewise an unplaced preempted job keeps its last shape.
-- The snapshot knows no epochs, so a job may change only after ``min_run_s`` seconds at
-  its current shape (``JobView.started_at``); until then it is frozen where it runs.
+- A new job starts on one GPU at its per-GPU batch (an elastic ``Start`` with
+  ``batch_size``); an unplaced preempted job restarts at half its last size, on the
+  doubling ladder. New jobs are padded in arrival order.
+- A job may change after one epoch at its current shape (``JobView.epoch_s``, since
+  ``JobView.started_at``), or after ``min_run_s`` where the driver knows no epoch
+  length; until then it is frozen where it runs. New jobs get one epoch, not two.
 - A running job that has run ``min_run_s`` at its size may double once (its cap is twice
   its current size); run time in the scale-down rule is the time since its last change.
+- ONES holds the global batch once the learning rate reaches ``max_lr``; here it is held
+  at the largest batch the model's convergence curve was measured at (where the
+  estimates know one), and the per-GPU batch shrinks past it.
+- Remaining samples come from ``est_remaining_s``: a simulator fills it from the
+  progress predictor of ``libs.core.progress`` (the mean of its Beta, not a sample),
+  pulled towards the size estimate every policy uses until the predictor has seen
+  several jobs of the data set finish; a job without a prediction counts with that
+  estimate rather than adding nothing.
+- ONES sums the fitness over placed jobs only, which rewards leaving jobs out: one job
+  grown to the whole cluster then kept every new job waiting for hours, since any
+  schedule that admitted them summed more. A job left out counts here at its smallest
+  size, so admitting a job is neutral and the fitness weighs only what sizing costs.
+- Over-subscribed candidates first give up growth, then leave out new jobs, then
+  shrink executed jobs, so growth never squeezes out the new jobs padding puts first.
 - The simulator decides only at events, so while jobs run or wait the policy asks to be
   woken every ``min_run_s`` seconds.
 """
@@ -51,6 +66,10 @@ SWAP_PROBABILITY = 0.5
 DROP_PROBABILITY = 0.3
 #: a job grows to at most this many times the GPUs it asked for
 GROWTH_LIMIT = 4
+#: generations that change nothing before the search wakes less often, and the longest
+#: pause it then takes, in ``min_run_s``
+QUIET_GENERATIONS = 3
+MAX_BACKOFF = 64
 #: how often repair is repeated to reach a schedule it leaves as it is
 REPAIR_ROUNDS = 4
 
@@ -93,6 +112,8 @@ class Ones:
     predicts_progress: bool = True
     queue_sort: QueueSort | None = None
     _rng: np.random.Generator = field(init=False, repr=False)
+    #: generations in a row that changed nothing (see ``_wake_at``)
+    _quiet: int = field(default=0, repr=False)
     _population: list[tuple[str | None, ...]] = field(default_factory=list, repr=False)
     _asked: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
     _basis: ModelBasis = field(default_factory=ModelBasis, repr=False)
@@ -169,7 +190,7 @@ class Ones:
                 kind = "new"
                 # a new job starts on one GPU; a preempted one at half its last size
                 ladder = [_doubling_floor(max(1, view.gpus // 2)) if view.preemptions else 1]
-            elif now - view.started_at < self.min_run_s:
+            elif now - view.started_at < self._settling_s(view):
                 kind = "frozen"
                 ladder = [view.gpus]
             else:
@@ -316,8 +337,15 @@ class Ones:
 
     # ---- the search -------------------------------------------------------------------
     def _fitness(self, jobs: list[_Job], genes: np.ndarray) -> float:
+        """Predicted remaining GPU-seconds of every job: at the size a candidate gives
+        it, or, left out, at its smallest size (it still has that work to do later)."""
         held = np.bincount(genes[genes >= 0], minlength=len(jobs))
-        return float(sum(jobs[i].cost[int(n)][0] for i, n in enumerate(held) if n))
+        return float(
+            sum(
+                job.cost[int(n) if n else job.sizes[0]][0]
+                for job, n in zip(jobs, held, strict=True)
+            )
+        )
 
     def _generation(self, snapshot: Snapshot, jobs: list[_Job]) -> list[tuple[float, np.ndarray]]:
         total = snapshot.cluster.total_gpus
@@ -365,6 +393,28 @@ class Ones:
         ]
         self.best_fitness, best = kept[0]
         return self._apply(snapshot, jobs, best, reasons)
+
+    def _settling_s(self, view: JobView) -> float:
+        """How long a job runs at a shape before it may change: one epoch where the
+        driver knows its length (ONES's rule), else ``min_run_s``."""
+        return self.min_run_s if view.epoch_s is None else view.epoch_s
+
+    def _wake_at(self, snapshot: Snapshot, jobs: list[_Job], changed: bool) -> float | None:
+        """When to run the next generation with no event: when the first frozen job may
+        change, else ``min_run_s`` on while the search moves jobs, backing off by
+        doubling (up to ``MAX_BACKOFF`` times) after ``QUIET_GENERATIONS`` generations
+        that changed nothing; a simulated trace would otherwise run a generation every
+        ``min_run_s`` through months of steady state."""
+        if not jobs:
+            return None
+        self._quiet = 0 if changed else self._quiet + 1
+        backoff = min(MAX_BACKOFF, 2 ** max(0, self._quiet - QUIET_GENERATIONS))
+        thaws = [
+            j.view.started_at + self._settling_s(j.view)
+            for j in jobs
+            if j.kind == "frozen" and j.view.started_at + self._settling_s(j.view) > snapshot.now
+        ]
+        return min([*thaws, snapshot.now + self.min_run_s * backoff])
 
     def _apply(
         self, snapshot: Snapshot, jobs: list[_Job], best: np.ndarray, reasons: dict[str, str]
@@ -420,7 +470,7 @@ class Ones:
             resizes=tuple(resizes),
             reasons=reasons,
             default_reason="waiting for the next generation of the search",
-            wake_at=snapshot.now + self.min_run_s if jobs else None,
+            wake_at=self._wake_at(snapshot, jobs, bool(starts or preemptions or resizes)),
         )
 
 
