@@ -100,9 +100,10 @@ async def test_the_service_answers_ping_and_info_with_its_name_and_endpoints(
         subjects.PREDICT_THROUGHPUT,
         subjects.PREDICT_SLOWDOWN,
         subjects.PREDICT_CPU_PROFILE,
+        subjects.PREDICT_REMAINING,
     }
     assert {e["name"] for e in info["endpoints"]} == {
-        "iterations", "throughput", "slowdown", "cpu_profile"
+        "iterations", "throughput", "slowdown", "cpu_profile", "remaining"
     }
 
 

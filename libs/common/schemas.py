@@ -97,6 +97,11 @@ class Progress(msgspec.Struct, frozen=True):
     loss: float | None = None
     gpu_mem_mb: float = 0.0
     at: float = 0.0
+    #: what the built-in worker reports besides (None: not reported): epochs done
+    #: (fractional), held-out accuracy after the last whole epoch, learning rate
+    epoch: float | None = None
+    accuracy: float | None = None
+    lr: float | None = None
 
 
 class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -420,6 +425,17 @@ class Prediction(msgspec.Struct, frozen=True, kw_only=True):
     #: where the figure came from: "profile" or "profile+history" for throughput and
     #: slowdown; "declared", "history" or "default" for iterations
     source: str = "profile"
+
+
+class RemainingRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """How many iterations a running job has left (``gpusched.predictor.remaining``):
+    ``planned`` is the plain estimate (its iterations less those done)."""
+
+    job_id: Name
+    model: Name
+    batch_size: PositiveInt
+    iteration: Annotated[int, msgspec.Meta(ge=0)] = 0
+    planned: Annotated[float, msgspec.Meta(ge=0)]
 
 
 class CpuProfilePoint(msgspec.Struct, frozen=True, array_like=True):

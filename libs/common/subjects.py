@@ -30,6 +30,8 @@ PREDICTOR_BUCKET = "gpusched_predictor"
 #: admission's per-tenant GPU quota ledgers (services/admission/quota.py)
 QUOTA_BUCKET = "gpusched_quota"
 PREDICTOR_LEARNED_KEY = "learned"
+#: in PREDICTOR_BUCKET: jobs' epoch histories (the progress predictor's data)
+PREDICTOR_HISTORIES_KEY = "progress_histories"
 SCHEDULER_LEASE_KEY = "scheduler"
 
 
@@ -95,6 +97,8 @@ PREDICTOR_GROUP = f"{PREFIX}.predictor"
 PREDICT_ITERATIONS = f"{PREDICTOR_GROUP}.iterations"
 PREDICT_THROUGHPUT = f"{PREDICTOR_GROUP}.throughput"
 PREDICT_SLOWDOWN = f"{PREDICTOR_GROUP}.slowdown"
+#: a running job's remaining iterations (RemainingRequest -> Prediction)
+PREDICT_REMAINING = f"{PREDICTOR_GROUP}.remaining"
 #: a model's measured CPU/memory profile (CpuProfileRequest -> CpuProfile)
 PREDICT_CPU_PROFILE = f"{PREDICTOR_GROUP}.cpu_profile"
 

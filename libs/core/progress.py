@@ -18,6 +18,7 @@ for it.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -194,6 +195,41 @@ class ProgressPredictor:
             return None
         longest = 2 * self._longest[record.epoch_samples]
         return max(record.epochs + 1, min(record.epochs / fraction, longest))
+
+    def snapshot(self) -> ProgressPredictor:
+        """A copy to train away from this predictor (in another thread, say) while this
+        one goes on answering; :meth:`take_network` then installs its network here."""
+        return copy.deepcopy(self)
+
+    def take_network(self, trained: ProgressPredictor) -> None:
+        """Predict with the network of ``trained`` (a :meth:`snapshot` of this predictor,
+        trained since) from now on. Jobs added here meanwhile count from the next
+        training on, as a retraining then sees them."""
+        self._network, self._centre, self._spread = (
+            trained._network,
+            trained._centre,
+            trained._spread,
+        )
+        self._trained_at = trained._trained_at
+
+
+def blended_remaining_iterations(
+    predictor: ProgressPredictor,
+    last: EpochRecord,
+    samples_done: float,
+    batch_size: int,
+    planned: float,
+) -> float:
+    """Iterations a job has left: ``planned`` (the estimate every policy uses) pulled
+    towards the progress predictor's ``total_epochs`` as far as it is trusted for the
+    job's data set (``trust``); ``planned`` where it gives no prediction. ``last`` is the
+    job's latest epoch record and ``samples_done`` what it has trained on so far."""
+    epochs = predictor.total_epochs(last)
+    if epochs is None:
+        return planned
+    predicted = max(0.0, epochs * last.epoch_samples - samples_done)
+    trust = predictor.trust(last)
+    return trust * predicted / batch_size + (1 - trust) * planned
 
 
 def _beta(output: Any) -> tuple[Any, Any]:

@@ -83,6 +83,10 @@ class ProgressLine(msgspec.Struct, frozen=True):
     loss: float | None = None
     gpu_mem_mb: float = 0.0
     at: float | None = None
+    #: the built-in worker's metrics (None where a worker does not report them)
+    epoch: float | None = None
+    accuracy: float | None = None
+    lr: float | None = None
 
 
 _line_decoder = msgspec.json.Decoder(ProgressLine)
@@ -366,6 +370,9 @@ class ProcessRun(Actor[RunMessage]):
                 loss=line.loss,
                 gpu_mem_mb=line.gpu_mem_mb,
                 at=at,
+                epoch=line.epoch,
+                accuracy=line.accuracy,
+                lr=line.lr,
             )
             if line.event == "checkpoint":
                 self._checkpoint = max(self._checkpoint, line.iteration)

@@ -18,7 +18,13 @@ from nats.aio.client import Client
 from nats.micro.request import ERROR_CODE_HEADER, ERROR_HEADER
 
 from libs.common import codec, subjects
-from libs.common.schemas import CpuProfile, CpuProfileRequest, Prediction, PredictRequest
+from libs.common.schemas import (
+    CpuProfile,
+    CpuProfileRequest,
+    Prediction,
+    PredictRequest,
+    RemainingRequest,
+)
 
 T = TypeVar("T", bound=msgspec.Struct)
 
@@ -58,6 +64,10 @@ class PredictorClient:
 
     async def slowdown(self, req: PredictRequest) -> Prediction:
         return await self._ask(subjects.PREDICT_SLOWDOWN, req, Prediction)
+
+    async def remaining(self, req: RemainingRequest) -> Prediction:
+        """A running job's remaining iterations (ONES's progress predictor)."""
+        return await self._ask(subjects.PREDICT_REMAINING, req, Prediction)
 
     async def cpu_profile(self, model: str) -> CpuProfile | None:
         """The model's measured CPU profile; None when none was measured."""

@@ -12,6 +12,14 @@ field), 404 for an unknown model, 500 for anything else.
 Every instance listens to all progress events (what it learns speeds from) and state
 events (a SUCCEEDED job's record gives its model's iteration count).
 
+``remaining`` takes a :class:`~libs.common.schemas.RemainingRequest` for a running job and
+answers its remaining iterations (a ``Prediction`` of kind ``remaining``): the request's
+plain estimate pulled towards ONES's progress predictor, trained on the epoch histories
+of the jobs that finished, as far as it is trusted (services/predictor/progress.py;
+source ``progress``), else the plain estimate (source ``planned``). The histories are
+kept in the same bucket (key ``progress_histories``); a restarted predictor retrains on
+them before it answers.
+
 ``cpu_profile`` takes a :class:`~libs.common.schemas.CpuProfileRequest` and answers the
 model's measured :class:`~libs.common.schemas.CpuProfile` (404 when there is none): a
 request naming a node has that node's agent measure it first when none is stored or
@@ -31,7 +39,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from importlib import metadata
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 import structlog
@@ -59,11 +67,13 @@ from libs.common.schemas import (
     JobStateEvent,
     Prediction,
     PredictRequest,
+    RemainingRequest,
 )
 from libs.core.groundtruth import load_performance_model
 from libs.core.perf import UnknownModelError
 from services.predictor.config import PredictorConfig
 from services.predictor.model import BaselinePredictor, Learned
+from services.predictor.progress import DEFAULT_EPOCH_SAMPLES, ProgressLearner, StoredHistories
 
 SERVICE_NAME = "gpusched-predictor"
 SERVICE_DESCRIPTION = (
@@ -76,7 +86,7 @@ MAX_REMEMBERED_COMPLETIONS = 100_000
 
 log = structlog.get_logger("gpusched.predictor")
 
-Answer = Callable[[PredictRequest], Prediction]
+Answer = Callable[[Any], Prediction]
 R = TypeVar("R", bound=msgspec.Struct)
 
 
@@ -93,11 +103,6 @@ class ProfilingFailed(RuntimeError):
 
 class BadRequest(ValueError):
     """A request payload that cannot be read as a PredictRequest."""
-
-
-def decode_request(data: bytes, headers: dict[str, str] | None) -> tuple[PredictRequest, bool]:
-    """The request and whether it came as JSON. Raises :class:`BadRequest`."""
-    return decode_as(data, headers, PredictRequest)
 
 
 def decode_as(data: bytes, headers: dict[str, str] | None, kind: type[R]) -> tuple[R, bool]:
@@ -162,6 +167,11 @@ class PredictorService:
             load_performance_model(config.data_dir), history_weight=config.history_weight
         )
         self.metrics = _Metrics()
+        self.progress = ProgressLearner()
+        #: job id -> samples in an epoch of its data set (from its record)
+        self._epoch_samples: OrderedDict[str, float] = OrderedDict()
+        self._saved_histories = 0
+        self._training: asyncio.Task[None] | None = None
         self._nc: Client | None = None
         self._stores: Stores | None = None
         self._service: Service | None = None
@@ -190,6 +200,7 @@ class PredictorService:
             self._stores = await Stores.open(self._nc)
             self._learned_kv = await self._stores.predictor_bucket()
             await self._restore_learned()
+            await self._restore_histories()
             self._service = await micro.add_service(
                 self._nc,
                 name=SERVICE_NAME,
@@ -206,6 +217,10 @@ class PredictorService:
             for subject, answer in endpoints.items():
                 name = subject.removeprefix(subjects.PREDICTOR_GROUP + ".")
                 await group.add_endpoint(name=name, handler=self._handler(name, answer))
+            await group.add_endpoint(
+                name=subjects.PREDICT_REMAINING.removeprefix(subjects.PREDICTOR_GROUP + "."),
+                handler=self._handler("remaining", self.progress.remaining, RemainingRequest),
+            )
             await group.add_endpoint(
                 name=subjects.PREDICT_CPU_PROFILE.removeprefix(subjects.PREDICTOR_GROUP + "."),
                 handler=self._answer_cpu_profile,
@@ -230,7 +245,8 @@ class PredictorService:
         )
 
     async def stop(self) -> None:
-        for task in [*self._background, *self._profiling.values()]:
+        training = [self._training] if self._training is not None else []
+        for task in [*self._background, *self._profiling.values(), *training]:
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
@@ -277,16 +293,20 @@ class PredictorService:
 
     # ----------------------------------------------------------------- requests
 
-    def _handler(self, endpoint: str, answer: Answer) -> Callable[[Request], Awaitable[None]]:
+    def _handler(
+        self, endpoint: str, answer: Answer, kind: type[msgspec.Struct] = PredictRequest
+    ) -> Callable[[Request], Awaitable[None]]:
         async def handle(request: Request) -> None:
-            await self._answer(endpoint, answer, request)
+            await self._answer(endpoint, answer, request, kind)
 
         return handle
 
-    async def _answer(self, endpoint: str, answer: Answer, request: Request) -> None:
+    async def _answer(
+        self, endpoint: str, answer: Answer, request: Request, kind: type[msgspec.Struct]
+    ) -> None:
         async def work() -> tuple[msgspec.Struct, bool]:
             try:
-                req, as_json = decode_request(request.data, request.headers)
+                req, as_json = decode_as(request.data, request.headers, kind)
                 return answer(req), as_json
             except (BadRequest, ValueError) as exc:
                 raise ServiceError("400", _one_line(str(exc))) from None
@@ -402,6 +422,8 @@ class PredictorService:
             self.metrics.observations.labels("progress", "invalid").inc()
             log.warning("unreadable progress event", subject=msg.subject, error=str(exc))
             return
+        if event.progress.epoch is not None:
+            await self._observe_epochs(event)
         try:
             learned = self.predictor.observe_progress(event)
         except (UnknownModelError, ValueError) as exc:
@@ -424,6 +446,9 @@ class PredictorService:
         try:
             if event.state.terminal:
                 self.predictor.forget_job(event.job_id)
+                self._epoch_samples.pop(event.job_id, None)
+                if event.state is not JobState.SUCCEEDED:
+                    self.progress.forget(event.job_id)
             if event.state is JobState.SUCCEEDED and event.job_id not in self._completed:
                 await self._learn_completion(event.job_id)
             if self.config.profile_cpu and event.state is JobState.RUNNING and event.placement:
@@ -434,6 +459,42 @@ class PredictorService:
         except Exception:
             self.metrics.observations.labels("completion", "invalid").inc()
             log.exception("learning from a completed job failed", job_id=event.job_id)
+
+    async def _observe_epochs(self, event: JobProgressEvent) -> None:
+        """Add the event's epoch to its job's history (the job's record gives the size
+        of its data set, read once per job)."""
+        samples = self._epoch_samples.get(event.job_id)
+        if samples is None:
+            assert self._stores is not None
+            try:
+                entry = await self._stores.jobs.get(event.job_id)
+                spec = codec.decode(entry.value or b"", JobRecord).spec
+            except Exception as exc:  # no record, or NATS away: the next event tries again
+                log.debug("no data set size for a job", job_id=event.job_id, error=repr(exc))
+                return
+            samples = float(spec.dataset_size or DEFAULT_EPOCH_SAMPLES)
+            self._epoch_samples[event.job_id] = samples
+            while len(self._epoch_samples) > MAX_REMEMBERED_COMPLETIONS:
+                self._epoch_samples.popitem(last=False)
+        self.progress.observe(event.job_id, samples, event.batch_size, event.progress)
+
+    def _retrain(self) -> None:
+        """Retrain the progress predictor beside the event loop if that is due and no
+        training runs (a training that ends checks again)."""
+        if self._training is None and self.progress.predictor.retrain_due():
+            self._training = asyncio.create_task(self._train(), name="progress-training")
+
+    async def _train(self) -> None:
+        try:
+            while self.progress.predictor.retrain_due():
+                trained = self.progress.predictor.snapshot()
+                await asyncio.to_thread(trained.train)
+                self.progress.predictor.take_network(trained)
+                log.info("progress predictor trained", jobs=trained.finished_jobs)
+        except Exception:
+            log.exception("training the progress predictor failed")
+        finally:
+            self._training = None
 
     async def _learn_completion(self, job_id: str) -> None:
         bound = log.bind(job_id=job_id)
@@ -452,6 +513,9 @@ class PredictorService:
             self.metrics.observations.labels("completion", "invalid").inc()
             bound.warning("unreadable job record", error=str(exc))
             return
+        # the epochs it took, whatever its model
+        if self.progress.finish(job_id, record.progress.iteration or record.total_iterations):
+            self._retrain()
         try:
             self.predictor.observe_completion(record.spec.model, record.total_iterations)
         except (UnknownModelError, ValueError) as exc:
@@ -485,23 +549,53 @@ class PredictorService:
         self._saved_changes = self.predictor.changes
         log.info("restored what was learned", entries=taken)
 
+    async def _restore_histories(self) -> None:
+        """Take back the epoch histories and retrain on the finished ones before
+        answering, so a restart loses no learned job."""
+        assert self._learned_kv is not None
+        try:
+            entry = await self._learned_kv.get(subjects.PREDICTOR_HISTORIES_KEY)
+            stored = codec.decode(entry.value or b"", StoredHistories)
+        except KeyNotFoundError:
+            return
+        except msgspec.DecodeError as exc:
+            log.warning("stored epoch histories unreadable; starting without", error=str(exc))
+            return
+        taken = self.progress.restore(stored)
+        self._saved_histories = self.progress.changes
+        self._retrain()
+        if self._training is not None:
+            await self._training
+        log.info("restored epoch histories", histories=taken)
+
     async def _save_periodically(self) -> None:
         while True:
             await asyncio.sleep(self.config.save_every_s)
             await self._save_learned()
 
     async def _save_learned(self) -> None:
+        """Save what changed since the last save: the epoch histories, what else was
+        learned."""
+        histories = self.progress.changes
+        if histories != self._saved_histories and await self._put(
+            subjects.PREDICTOR_HISTORIES_KEY, self.progress.stored, "epoch histories"
+        ):
+            self._saved_histories = histories
         changes = self.predictor.changes
-        if self._learned_kv is None or changes == self._saved_changes:
-            return
+        if changes != self._saved_changes and await self._put(
+            subjects.PREDICTOR_LEARNED_KEY, self.predictor.learned, "what was learned"
+        ):
+            self._saved_changes = changes
+
+    async def _put(self, key: str, value: Callable[[], msgspec.Struct], what: str) -> bool:
+        if self._learned_kv is None:
+            return False
         try:
-            await self._learned_kv.put(
-                subjects.PREDICTOR_LEARNED_KEY, codec.encode(self.predictor.learned())
-            )
+            await self._learned_kv.put(key, codec.encode(value()))
         except Exception as exc:  # NATS may be restarting: the next round tries again
-            log.warning("saving what was learned failed", error=str(exc))
-            return
-        self._saved_changes = changes
+            log.warning(f"saving {what} failed", error=str(exc))
+            return False
+        return True
 
     # ----------------------------------------------------------------- metrics
 

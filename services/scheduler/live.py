@@ -15,6 +15,7 @@ import collections
 import contextlib
 import functools
 import itertools
+import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ from libs.common.schemas import (
     PredictRequest,
     Progress,
     ReallocateJob,
+    RemainingRequest,
     ResizeJob,
     StartJob,
     StateChange,
@@ -59,6 +61,7 @@ from libs.common.tasks import cancel_and_wait
 from libs.core.decision import Decision, Reallocate, Resize, Start, decision_problems
 from libs.core.groundtruth import load_performance_model
 from libs.core.perf import PerformanceModel, UnknownModelError
+from libs.core.progress import MIN_EPOCHS
 from libs.core.snapshot import Snapshot
 from services.predictor.client import PredictorClient, PredictorClientError
 from services.predictor.cpu_profiles import Sensitivity
@@ -177,6 +180,16 @@ class Estimated:
 
 
 @dataclass(frozen=True)
+class RemainingPredicted:
+    """A running job's remaining iterations at ``iteration``, from the predictor."""
+
+    job_id: str
+    run_id: int
+    iteration: int
+    remaining: float
+
+
+@dataclass(frozen=True)
 class Measured:
     """A model's CPU profile, measured by a node (from the predictor)."""
 
@@ -192,7 +205,7 @@ class StopFailed:
 
 Message = (
     Durable | Beat | ProgressSeen | Round | Sweep | Rescan | StartResult | StopFailed
-    | Estimated | Measured
+    | Estimated | Measured | RemainingPredicted
 )
 
 
@@ -212,6 +225,8 @@ class LiveScheduler(Actor[Message]):
         #: models whose measured CPU profile was asked for (the predictor publishes
         #: any measured later)
         self.profiles_asked: set[str] = set()
+        #: ONES: running jobs' remaining iterations come from the progress predictor
+        self.predicts_progress = bool(getattr(self.policy, "predicts_progress", False))
         self.jobs: dict[str, LiveJob] = {}
         #: ids of jobs known to be finished, so a late message does not read them again
         self.settled: set[str] = set()
@@ -399,6 +414,23 @@ class LiveScheduler(Actor[Message]):
             if profile is not None:
                 self.tell(Measured(profile))
 
+    async def _ask_remaining(self, record: JobRecord, iteration: int) -> None:
+        """A running job's remaining iterations from the progress predictor (runs beside
+        the actor; reports back as a message)."""
+        request = RemainingRequest(
+            job_id=record.id,
+            model=record.current_spec.model,
+            batch_size=record.current_spec.batch_size,
+            iteration=iteration,
+            planned=float(max(0, record.total_iterations - iteration)),
+        )
+        try:
+            prediction = await self.predictor.remaining(request)
+        except PredictorClientError as exc:
+            self.log.debug("no remaining iterations from the predictor", error=str(exc))
+            return
+        self.tell(RemainingPredicted(record.id, record.run_id, iteration, prediction.value))
+
     # ---- dispatch -------------------------------------------------------------------
     async def handle(self, message: Message) -> None:
         try:
@@ -433,6 +465,11 @@ class LiveScheduler(Actor[Message]):
                     spec = job.record.current_spec
                     if (spec.batch_size, spec.gpus) == (batch_size, gpus):
                         job.est_iteration_s = iteration_s
+            case RemainingPredicted(job_id, run_id, iteration, remaining):
+                job = self.jobs.get(job_id)
+                if job is not None and job.record.run_id == run_id:
+                    job.predicted_remaining, job.predicted_at = remaining, iteration
+                    job.predicted_run = run_id
             case Measured(profile):
                 # a new model object: policies recompute what they derived from the old
                 self.scaled = self.scaled.with_measured(Sensitivity(profile))
@@ -594,6 +631,12 @@ class LiveScheduler(Actor[Message]):
         job.iteration = event.progress.iteration
         job.iteration_at = time.time()
         job.last_seen = job.iteration_at
+        epoch = event.progress.epoch
+        if self.predicts_progress and epoch is not None and epoch >= MIN_EPOCHS:
+            whole = math.floor(epoch + 1e-9)
+            if whole > job.asked_epoch:  # once per epoch: the prediction changes no faster
+                job.asked_epoch = whole
+                self.spawn(self._ask_remaining(job.record, job.iteration))
         if job.iteration_at - job.last_progress_write >= self.config.progress_write_s:
             job.last_progress_write = job.iteration_at
             await self._write(job, replace(job.record, progress=event.progress))

@@ -120,6 +120,14 @@ class LiveJob:
     last_progress_write: float = 0.0
     iteration: int = 0
     iteration_at: float = 0.0
+    #: remaining iterations the predictor's progress predictor gave at iteration
+    #: ``predicted_at`` of run ``predicted_run`` (policies that predict progress; None,
+    #: or another run, with another batch maybe: the plain estimate)
+    predicted_remaining: float | None = None
+    predicted_at: int = 0
+    predicted_run: int = 0
+    #: the last whole epoch a prediction was asked at
+    asked_epoch: int = 0
     #: the view last offered to the policy, and what it was built from (see _kept)
     _kept_view: tuple[JobRecord, tuple, JobView] | None = field(
         default=None, repr=False, compare=False
@@ -134,6 +142,9 @@ class LiveJob:
         return self.phase != Phase.WAITING
 
     def remaining_s(self) -> float:
+        if self.predicted_remaining is not None and self.predicted_run == self.record.run_id:
+            since = max(0, self.iteration - self.predicted_at)
+            return max(0.0, self.predicted_remaining - since) * self.est_iteration_s
         return max(0, self.record.total_iterations - self.iteration) * self.est_iteration_s
 
     @property
@@ -268,7 +279,10 @@ def waiting_view(job: LiveJob, now: float) -> JobView:
 
     if job.running_since:  # its service grows until it is settled: new every round
         return make()
-    inputs = (job.phase, job.est_iteration_s, job.iteration, job.attained_gpu_s, job.queued_since)
+    inputs = (
+        job.phase, job.est_iteration_s, job.iteration, job.attained_gpu_s, job.queued_since,
+        job.predicted_remaining,
+    )  # fmt: skip
     return _kept(job, inputs, make)
 
 
@@ -296,7 +310,7 @@ def running_view(job: LiveJob, now: float, gpu_ids: tuple[int, ...]) -> JobView:
         return make()
     inputs = (
         job.phase, gpu_ids, job.est_iteration_s, job.iteration, job.iteration_at,
-        job.attained_gpu_s, job.running_since, job.queued_since,
+        job.attained_gpu_s, job.running_since, job.queued_since, job.predicted_remaining,
     )  # fmt: skip
     return _kept(job, inputs, make)
 
