@@ -9,10 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
+from nats.micro.request import ERROR_CODE_HEADER
 
+from libs.common import codec, subjects
 from libs.common.bus import Stores
 from libs.common.embedded import NatsServer, wait_until
-from libs.common.schemas import CpuProfile, CpuProfilePoint, JobState
+from libs.common.schemas import CpuProfile, CpuProfilePoint, CpuProfileRequest, JobState
 from services.nodeagent.cluster import EmulatedCluster
 from services.nodeagent.cpu_profiling import cpu_counts
 from services.predictor.client import PredictorClient
@@ -61,6 +63,19 @@ def test_the_best_case_takes_the_fewest_cpus_within_the_tolerance_of_the_peak():
     # 4 CPUs are 2 % faster than 2: noise, not a peak worth two more cores
     measured = Sensitivity(profile([(4, 0.98, 1.0), (2, 1.0, 1.0), (1, 3.0, 3.0)]))
     assert measured.demand().cpus_per_gpu == 2.0
+
+
+async def test_the_predictor_answers_404_without_a_profile_and_502_when_no_node_measures(
+    nats_server: NatsServer, nc
+):
+    async with PredictorService(PredictorConfig(nats_url=nats_server.url)):
+        assert await PredictorClient(nc, timeout_s=5.0).cpu_profile("resnet18") is None
+        wanted = CpuProfileRequest(model="resnet18", node="nowhere")
+        reply = await nc.request(
+            subjects.PREDICT_CPU_PROFILE, codec.encode(wanted), timeout=10,
+            headers=codec.headers(),
+        )  # fmt: skip
+        assert (reply.headers or {}).get(ERROR_CODE_HEADER) == "502"
 
 
 async def test_a_node_measures_a_cpu_hungry_model_gaining_more_from_cores_than_a_light_one(

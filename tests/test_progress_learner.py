@@ -71,6 +71,13 @@ def test_a_finished_job_is_carried_to_where_it_stopped_and_learned_from():
     assert learner.predictor.finished_jobs == 1 and "b" not in learner.running
 
 
+def test_the_oldest_running_history_goes_first_beyond_the_bound():
+    learner = ProgressLearner(max_running=2)
+    for job_id in ("a", "b", "c"):
+        run_job(learner, job_id, 1, finish=False)
+    assert list(learner.running) == ["b", "c"]
+
+
 def test_without_a_trained_predictor_the_plain_estimate_is_the_answer():
     learner = ProgressLearner()
     run_job(learner, "running", 3, finish=False)

@@ -34,6 +34,9 @@ from libs.core.progress import EpochRecord, ProgressPredictor, blended_remaining
 DEFAULT_EPOCH_SAMPLES = 4096
 #: finished histories kept for a restart (the newest; one KV value holds them all)
 MAX_STORED_JOBS = 200
+#: running histories kept: the oldest go first (a job whose end was never seen, say
+#: while the predictor was down, would otherwise stay for ever)
+MAX_RUNNING_JOBS = 10_000
 
 SOURCE_PROGRESS = "progress"
 SOURCE_PLANNED = "planned"
@@ -77,8 +80,11 @@ class _Running:
 class ProgressLearner:
     """Epoch histories of running jobs, and the progress predictor taught the finished."""
 
-    def __init__(self, predictor: ProgressPredictor | None = None) -> None:
+    def __init__(
+        self, predictor: ProgressPredictor | None = None, max_running: int = MAX_RUNNING_JOBS
+    ) -> None:
         self.predictor = predictor or ProgressPredictor()
+        self.max_running = max_running
         self.running: dict[str, _Running] = {}
         self.finished: deque[list[EpochRecord]] = deque(maxlen=MAX_STORED_JOBS)
         #: bumped by every change worth saving
@@ -94,6 +100,8 @@ class ProgressLearner:
         job = self.running.get(job_id)
         if job is None:
             job = self.running[job_id] = _Running(epoch_samples, batch_size, [])
+            while len(self.running) > self.max_running:
+                del self.running[next(iter(self.running))]
         job.epoch, job.iteration, job.batch_size = epoch, progress.iteration, batch_size
         whole = math.floor(epoch + 1e-9)
         if whole < 1 or (job.records and whole <= job.records[-1].epochs):
