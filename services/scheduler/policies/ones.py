@@ -114,7 +114,9 @@ class Ones:
     _rng: np.random.Generator = field(init=False, repr=False)
     #: generations in a row that changed nothing (see ``_wake_at``)
     _quiet: int = field(default=0, repr=False)
-    _population: list[tuple[str | None, ...]] = field(default_factory=list, repr=False)
+    #: the kept individuals, as indices into the job ids of the decision that kept them
+    _population: list[np.ndarray] = field(default_factory=list, repr=False)
+    _population_ids: list[str] = field(default_factory=list, repr=False)
     _asked: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
     _basis: ModelBasis = field(default_factory=ModelBasis, repr=False)
     _shape_cache: dict[tuple[str, int, int], tuple[int | None, float]] = field(
@@ -131,7 +133,8 @@ class Ones:
 
     @property
     def population(self) -> list[tuple[str | None, ...]]:
-        return list(self._population)
+        ids = np.array([*self._population_ids, None], dtype=object)
+        return [tuple(ids[genes]) for genes in self._population]
 
     # ---- per-shape estimates ----------------------------------------------------------
     def _shape(
@@ -310,7 +313,8 @@ class Ones:
         nodes, then fits the tightest free run. A job no block holds shrinks, or waits."""
         total = snapshot.cluster.total_gpus
         node_of = snapshot.cluster.gpu_node
-        occ = np.full(total, NONE, dtype=np.int64)
+        # a list, not an array: this walks single GPUs, where numpy scalars are slow
+        occ = [NONE] * total
         movers: list[int] = []
         for i, job in enumerate(jobs):
             if size[i] == 0:
@@ -320,7 +324,8 @@ class Ones:
                 job.view.running and size[i] == len(ids) and _contiguous(ids)
             )
             if stays and all(occ[g] == NONE for g in ids):
-                occ[list(ids)] = i
+                for g in ids:
+                    occ[g] = i
             else:
                 movers.append(i)
         movers.sort(key=lambda i: (-size[i], jobs[i].view.job_id))
@@ -331,9 +336,9 @@ class Ones:
             for n in reversed(options):
                 block = _best_block(occ, n, own, node_of)
                 if block is not None:
-                    occ[block : block + n] = i
+                    occ[block : block + n] = [i] * n
                     break
-        return occ
+        return np.array(occ, dtype=np.int64)
 
     # ---- the search -------------------------------------------------------------------
     def _fitness(self, jobs: list[_Job], genes: np.ndarray) -> float:
@@ -357,12 +362,12 @@ class Ones:
         if not self._population or len(self._population[0]) != total:
             parents = [current.copy() for _ in range(POPULATION)]
         else:
-            parents = [
-                np.array(
-                    [index.get(g, NONE) if g is not None else NONE for g in ind], dtype=np.int64
-                )
-                for ind in self._population
-            ]
+            # old job index -> this decision's (NONE for jobs gone); NONE maps to NONE
+            renumber = np.array(
+                [index.get(job_id, NONE) for job_id in self._population_ids] + [NONE],
+                dtype=np.int64,
+            )
+            parents = [renumber[genes] for genes in self._population]
         rng = self._rng
         children: list[np.ndarray] = []
         for _ in range(CROSSOVERS):
@@ -388,9 +393,8 @@ class Ones:
     def decide(self, snapshot: Snapshot) -> Decision:
         jobs, reasons = self._jobs(snapshot)
         kept = self._generation(snapshot, jobs)
-        self._population = [
-            tuple(jobs[g].view.job_id if g >= 0 else None for g in genes) for _, genes in kept
-        ]
+        self._population = [genes for _, genes in kept]
+        self._population_ids = [job.view.job_id for job in jobs]
         self.best_fitness, best = kept[0]
         return self._apply(snapshot, jobs, best, reasons)
 
@@ -493,7 +497,7 @@ def _contiguous(ids: Sequence[int]) -> bool:
     return bool(ordered) and ordered[-1] - ordered[0] == len(ordered) - 1
 
 
-def _best_block(occ: np.ndarray, n: int, own: set[int], node_of: Sequence[int]) -> int | None:
+def _best_block(occ: list[int], n: int, own: set[int], node_of: Sequence[int]) -> int | None:
     """Start of the free block of ``n`` GPUs that overlaps ``own`` most, spans the fewest
     nodes and sits in the tightest free run; None if no free run holds ``n``."""
     best: tuple[tuple[int, int, int, int], int] | None = None
@@ -507,12 +511,16 @@ def _best_block(occ: np.ndarray, n: int, own: set[int], node_of: Sequence[int]) 
         while end < total and occ[end] == NONE:
             end += 1
         run = end - start
-        for s in range(start, end - n + 1):
-            overlap = sum(1 for g in range(s, s + n) if g in own)
-            nodes = node_of[s + n - 1] - node_of[s] + 1
-            key = (-overlap, nodes, run, s)
-            if best is None or key < best[0]:
-                best = (key, s)
+        if run >= n:
+            # the overlap of a window sliding one GPU along: add the GPU it takes in,
+            # drop the one it leaves
+            overlap = sum(1 for g in range(start, start + n) if g in own)
+            for s in range(start, end - n + 1):
+                if s > start:
+                    overlap += (s + n - 1 in own) - (s - 1 in own)
+                key = (-overlap, node_of[s + n - 1] - node_of[s] + 1, run, s)
+                if best is None or key < best[0]:
+                    best = (key, s)
         start = end
     return None if best is None else best[1]
 
