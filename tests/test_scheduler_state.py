@@ -202,3 +202,15 @@ def test_rounds_with_kept_running_views_decide_as_a_fresh_policy():
         assert {j.job_id: got.why(j.job_id) for j in snapshot.pending} == {
             j.job_id: want.why(j.job_id) for j in snapshot.pending
         }
+
+
+def test_a_running_jobs_view_gives_its_epoch_length_where_the_spec_names_a_data_set():
+    job = running_job("r", iteration=100, iteration_at=50.0)
+    where, policy = layout(1, 1), make_policy("ones")
+    (unknown,) = build_snapshot(60.0, where, {"r": job}, PERF, policy).running
+    assert unknown.epoch_s is None
+    spec = msgspec.structs.replace(job.record.spec, dataset_size=6_400)
+    job.record = msgspec.structs.replace(job.record, spec=spec)
+    (known,) = build_snapshot(60.0, where, {"r": job}, PERF, policy).running
+    # 6,400 samples at batch 64 is 100 iterations of 0.1 s
+    assert known.epoch_s == pytest.approx(10.0)

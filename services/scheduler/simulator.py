@@ -22,7 +22,7 @@ from libs.core.decision import Decision, Reallocate, Resize, Start, decision_pro
 from libs.core.jobs import JobSpec
 from libs.core.lifecycle import JobState
 from libs.core.perf import ConvergenceSource, PerformanceModel
-from libs.core.progress import EpochRecord, ProgressPredictor
+from libs.core.progress import EpochRecord, ProgressPredictor, blended_remaining_iterations
 from libs.core.snapshot import JobView, Snapshot
 from services.scheduler.policies.base import Policy, QueueSort, unschedulable_reason
 from services.scheduler.results import (
@@ -361,13 +361,9 @@ class Simulator:
         predictor = self._progress
         if predictor is None or not job.history:
             return job.remaining
-        last = job.history[-1]
-        epochs = predictor.total_epochs(last)
-        if epochs is None:
-            return job.remaining
-        predicted = max(0.0, epochs * last.epoch_samples - job.samples_done)
-        trust = predictor.trust(last)
-        return trust * predicted / job.spec.batch_size + (1 - trust) * job.remaining
+        return blended_remaining_iterations(
+            predictor, job.history[-1], job.samples_done, job.spec.batch_size, job.remaining
+        )
 
     def _learn_progress(self, job: SimJob) -> None:
         """Teach the progress predictor a finished job; after a retraining, every view

@@ -255,6 +255,15 @@ def _view(job: LiveJob, as_of: float, **extra: Any) -> JobView:
     )
 
 
+def _epoch_s(job: LiveJob) -> float | None:
+    """Seconds one epoch takes at the job's current shape, where its spec gives a data
+    set size (what ONES waits between changes of a job)."""
+    spec = job.record.current_spec
+    if spec.dataset_size is None or job.est_iteration_s <= 0:
+        return None
+    return spec.dataset_size / spec.batch_size * job.est_iteration_s
+
+
 def _kept(job: LiveJob, inputs: tuple, make: Callable[[], JobView]) -> JobView:
     """The job's view from the last round while its record (replaced, never changed in
     place, when the job changes) and ``inputs`` are the same, else ``make()``, kept."""
@@ -304,6 +313,7 @@ def running_view(job: LiveJob, now: float, gpu_ids: tuple[int, ...]) -> JobView:
             started_at=job.running_since,
             cpus=job.record.cpus,
             mem_gb=job.record.mem_gb,
+            epoch_s=_epoch_s(job),
         )  # fmt: skip
 
     if not job.iteration_at:
