@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
 from libs.core.cluster import Cluster
 from libs.core.groundtruth import SYNERGY_CATEGORIES
@@ -420,3 +421,40 @@ def job_number(job_id: str) -> int | None:
 def in_id_range(job_id: str, ids: range) -> bool:
     number = job_number(job_id)
     return number is not None and number in ids
+
+
+def parse_slack_range(spec: str) -> tuple[float, float]:
+    """``LO-HI`` (``1.2-3``): the range a deadline's slack factor is drawn from; both
+    finite, ``0 < LO <= HI``."""
+    low_text, sep, high_text = spec.partition("-")
+    try:
+        low, high = float(low_text), float(high_text)
+    except ValueError:
+        raise ValueError(f"expected LO-HI such as 1.2-3, got {spec!r}") from None
+    if not sep or not (math.isfinite(low) and math.isfinite(high)) or not 0 < low <= high:
+        raise ValueError(f"expected LO-HI with 0 < LO <= HI, got {spec!r}")
+    return low, high
+
+
+def with_deadlines(
+    jobs: Sequence[JobSpec],
+    perf: PerformanceModel,
+    cluster: Cluster,
+    slack: tuple[float, float],
+    seed: int = 0,
+) -> list[JobSpec]:
+    """Every job given the deadline ``submit + s x`` its isolated run time (alone at its
+    most consolidated placement on ``cluster``), ``s`` uniform in ``slack`` and seeded
+    (GENIE's deadline workloads draw them so); a job wider than the cluster keeps none."""
+    rng = random.Random(f"deadlines:{seed}")
+    low, high = slack
+    dated = []
+    for job in jobs:
+        factor = rng.uniform(low, high)  # drawn for every job, so a job's draw is its own
+        if job.gpus > cluster.total_gpus:
+            dated.append(job)  # it cannot run here at all: no run time to set one from
+            continue
+        nodes = cluster.fewest_nodes(job.gpus)
+        alone = job.iterations * perf.iteration_time(job.model, job.batch_size, job.gpus, nodes)
+        dated.append(replace(job, deadline=job.submit_time + factor * alone))
+    return dated

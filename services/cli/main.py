@@ -33,8 +33,10 @@ from libs.core.workload import (
     in_id_range,
     parse_id_range,
     parse_mix,
+    parse_slack_range,
     synergy_count,
     synergy_jobs,
+    with_deadlines,
 )
 from services.cli.live import register as register_live_commands
 from services.cli.serve import register as register_service_commands
@@ -210,6 +212,14 @@ def simulate(
             "(rounds in which a policy may re-plan CPU/memory). Default: only on events."
         ),
     ] = None,
+    deadlines: Annotated[
+        str | None,
+        typer.Option(
+            help="Give every job a deadline: submit time + s x its run time alone, s drawn "
+            "uniformly (seeded) from LO-HI, e.g. 1.2-3; summary.json then reports qos_pct, "
+            "the share of jobs that met theirs.",
+        ),
+    ] = None,
     opt_bound: Annotated[
         bool,
         typer.Option(
@@ -236,6 +246,7 @@ def simulate(
             _check_opt_bound(built)
         truth, estimates = build_models(data_dir, prediction_error, seed, speed_model.value)
         measured = _measure_ids(measure_ids)
+        slack = _slack(deadlines)
         workload = _synergy_workload(source, truth, seed, rate, multigpu, built) or load_workload(
             source,
             fmt.value if fmt else None,
@@ -250,10 +261,13 @@ def simulate(
         )
         for note in workload.notes:
             err_console.print(Text(note, style="dim"), soft_wrap=True)
+        jobs = workload.jobs
+        if slack is not None:
+            jobs = with_deadlines(jobs, truth, built, slack, seed)
         config = SimConfig(restart_overhead_s=restart_overhead, round_s=round_s)
         with _progress_bars(err_console) as progress:
             results = (_run_bounded if opt_bound else run_policies)(
-                workload.jobs,
+                jobs,
                 built,
                 names,
                 truth,
@@ -377,6 +391,13 @@ def _measure_ids(spec: str | None) -> range | None:
         return None if spec is None else parse_id_range(spec)
     except ValueError as exc:
         raise InputError(f"--measure-ids: {exc}") from None
+
+
+def _slack(spec: str | None) -> tuple[float, float] | None:
+    try:
+        return None if spec is None else parse_slack_range(spec)
+    except ValueError as exc:
+        raise InputError(f"--deadlines: {exc}") from None
 
 
 def _measured(result: SimResult, ids: range) -> SimResult:

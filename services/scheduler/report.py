@@ -267,6 +267,9 @@ def summary_table(results: Sequence[SimResult]) -> Table:
     ):
         table.add_column(name, justify="right", no_wrap=True)
     summaries = [r.summary() for r in results]
+    with_qos = any("qos_pct" in s for s in summaries)
+    if with_qos:
+        table.add_column("QoS\nmet", justify="right", no_wrap=True)
     best = min(
         (s["avg_jct_s"] for s in summaries if math.isfinite(s["avg_jct_s"])), default=math.nan
     )
@@ -284,6 +287,7 @@ def summary_table(results: Sequence[SimResult]) -> Table:
             str(s["preemptions"]),
             str(s["shared_pairs"]),
             human_duration(s["wall_s"]),
+            *([f"{s['qos_pct']:.1f}%" if "qos_pct" in s else "-"] if with_qos else []),
         )
     return table
 

@@ -31,6 +31,15 @@ class JobOutcome:
     state: str
     #: why it did not finish, for unschedulable/unfinished jobs
     reason: str = ""
+    #: when it had to finish by, where it had a deadline
+    deadline: float | None = None
+
+    @property
+    def met_deadline(self) -> bool | None:
+        """Whether it finished by its deadline; None without one."""
+        if self.deadline is None:
+            return None
+        return self.finish_time is not None and self.finish_time <= self.deadline
 
     @property
     def jct_s(self) -> float | None:
@@ -98,6 +107,10 @@ class SimResult:
             "wall_s": self.wall_s,
             "decisions": self.decisions,
         }
+        dated = [j.met_deadline for j in self.jobs if j.deadline is not None]
+        if dated:
+            # unfinished jobs with a deadline missed it
+            summary["qos_pct"] = 100 * sum(1 for met in dated if met) / len(dated)
         if self.max_resident_slowdown is not None:
             summary["max_resident_slowdown"] = self.max_resident_slowdown
         if self.opt_bound is not None:

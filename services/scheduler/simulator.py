@@ -691,6 +691,7 @@ class Simulator:
                     shared=job.shared,
                     state=state,
                     reason=reason,
+                    deadline=spec.deadline,
                 )
             )
         makespan = last_finish - origin

@@ -8,7 +8,7 @@ from dataclasses import replace
 from services.scheduler.policies.base import Policy
 from services.scheduler.policies.ones import Ones
 from services.scheduler.policies.preemptive import Srtf, Tiresias
-from services.scheduler.policies.simple import Fifo, FifoBackfill, Sjf
+from services.scheduler.policies.simple import Edf, Fifo, FifoBackfill, Sjf
 from services.scheduler.policies.sjf_bsbf import SjfBsbf
 from services.scheduler.policies.synergy import SYNERGY_POLICIES
 
@@ -16,6 +16,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "fifo": Fifo,
     "fifo-backfill": FifoBackfill,
     "sjf": Sjf,
+    "edf": Edf,
     "srtf": Srtf,
     "tiresias": Tiresias,
     "sjf-ffs": lambda: SjfBsbf(benefit_test=False, name="sjf-ffs"),

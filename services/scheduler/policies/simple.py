@@ -1,4 +1,4 @@
-"""Non-preemptive baselines: FIFO and SJF on predicted sizes."""
+"""Non-preemptive baselines: FIFO, SJF on predicted sizes, and EDF on deadlines."""
 
 from __future__ import annotations
 
@@ -17,8 +17,15 @@ def sjf_key(job: JobView) -> tuple[float, float, str]:
     return (job.est_remaining_s, job.submit_time, job.job_id)
 
 
+def edf_key(job: JobView) -> tuple[float, float, str]:
+    # a job without a deadline can wait behind every job with one
+    deadline = job.deadline if job.deadline is not None else float("inf")
+    return (deadline, job.submit_time, job.job_id)
+
+
 FIFO_ORDER = QueueSort("submit-time", fifo_key)
 SJF_ORDER = QueueSort("predicted-size", sjf_key)
+EDF_ORDER = QueueSort("deadline", edf_key)
 
 
 @dataclass(frozen=True)
@@ -56,3 +63,18 @@ class Sjf:
         if snapshot.free_gpus == 0:
             return greedy_exclusive(snapshot, (), backfill=True)
         return greedy_exclusive(snapshot, ordered_pending(snapshot, SJF_ORDER), backfill=True)
+
+
+@dataclass(frozen=True)
+class Edf:
+    """Earliest deadline first, non-preemptive, skipping jobs that do not fit; jobs
+    without a deadline go after every job with one, in submission order."""
+
+    name: str = "edf"
+    preemptive: bool = False
+    queue_sort: QueueSort | None = EDF_ORDER
+
+    def decide(self, snapshot: Snapshot) -> Decision:
+        if snapshot.free_gpus == 0:
+            return greedy_exclusive(snapshot, (), backfill=True)
+        return greedy_exclusive(snapshot, ordered_pending(snapshot, EDF_ORDER), backfill=True)

@@ -1,0 +1,114 @@
+"""Deadlines: the deadline workload option, the `edf` baseline and the QoS figure."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from libs.core.jobs import JobSpec
+from libs.core.workload import parse_slack_range, with_deadlines
+from services.cli.main import app
+from services.scheduler.policies import make_policy
+from services.scheduler.results import FINISHED, UNFINISHED, JobOutcome, SimResult
+from services.scheduler.simulator import simulate
+from tests.builders import TablePerf, cluster, job
+
+runner = CliRunner()
+PERF = TablePerf(iter_s={"a": 1.0, "b": 2.0})
+
+
+def test_every_deadline_lies_within_the_slack_range_of_the_run_time_alone():
+    jobs = [job(f"j{i}", submit=10.0 * i, iterations=100 + i, model="ab"[i % 2]) for i in range(20)]
+    dated = with_deadlines(jobs, PERF, cluster(1, 4), (1.5, 2.5), seed=3)
+    for before, after in zip(jobs, dated, strict=True):
+        alone = before.iterations * PERF.iter_s[before.model]
+        assert after.deadline is not None
+        start = before.submit_time
+        assert start + 1.5 * alone <= after.deadline <= start + 2.5 * alone
+        assert after.iterations == before.iterations  # nothing else changes
+    assert dated == with_deadlines(jobs, PERF, cluster(1, 4), (1.5, 2.5), seed=3)
+    assert dated != with_deadlines(jobs, PERF, cluster(1, 4), (1.5, 2.5), seed=4)
+
+
+@pytest.mark.parametrize("spec", ["3-1.2", "0-2", "-1-2", "a-b", "2", "1.2-inf"])
+def test_a_slack_range_out_of_order_or_not_a_range_is_refused(spec: str):
+    with pytest.raises(ValueError, match="LO-HI"):
+        parse_slack_range(spec)
+
+
+def test_edf_starts_the_earliest_deadline_first_and_jobs_without_one_last():
+    """One GPU; at time 0 it runs `first` (100 s). Waiting: `none` (no deadline, submitted
+    first), `late` (deadline 900) and `soon` (deadline 400): soon, late, then none."""
+    jobs = [
+        job("first", iterations=100),
+        job("none", submit=1.0, iterations=100),
+        job("late", submit=2.0, iterations=100),
+        job("soon", submit=3.0, iterations=100),
+    ]
+    deadlines = {"late": 900.0, "soon": 400.0}
+    jobs = [j if j.job_id not in deadlines else _dated(j, deadlines[j.job_id]) for j in jobs]
+    result = simulate(cluster(1, 1), jobs, make_policy("edf"), PERF)
+    starts = {o.job_id: o.start_time for o in result.jobs}
+    assert starts == {"first": 0.0, "soon": 100.0, "late": 200.0, "none": 300.0}
+    met = {o.job_id: o.met_deadline for o in result.jobs}
+    assert met == {"first": None, "none": None, "late": True, "soon": True}
+    assert result.summary()["qos_pct"] == 100.0
+
+
+def _dated(spec: JobSpec, deadline: float) -> JobSpec:
+    return replace(spec, deadline=deadline)
+
+
+def _outcome(job_id: str, finish: float | None, deadline: float | None) -> JobOutcome:
+    return JobOutcome(
+        job_id=job_id, model="a", gpus=1, submit_time=0.0, start_time=0.0,
+        finish_time=finish, exclusive_s=10.0, queue_s=0.0, preemptions=0, shared=False,
+        state=FINISHED if finish is not None else UNFINISHED, deadline=deadline,
+    )  # fmt: skip
+
+
+def test_qos_counts_the_jobs_with_a_deadline_that_finished_by_it():
+    result = SimResult(
+        policy="p", total_gpus=1, makespan_s=50.0, gpu_util=1.0, preemptions=0,
+        shared_pairs=0, wall_s=0.0, decisions=1, timeline=(),
+        jobs=(
+            _outcome("met", 20.0, 20.0),
+            _outcome("late", 40.0, 30.0),
+            _outcome("never", None, 60.0),
+            _outcome("free", 50.0, None),
+        ),
+    )  # fmt: skip
+    assert result.summary()["qos_pct"] == pytest.approx(100 / 3)
+    no_deadlines = SimResult(
+        policy="p", total_gpus=1, makespan_s=50.0, gpu_util=1.0, preemptions=0,
+        shared_pairs=0, wall_s=0.0, decisions=1, timeline=(), jobs=(_outcome("x", 5.0, None),),
+    )  # fmt: skip
+    assert "qos_pct" not in no_deadlines.summary()
+
+
+def test_simulate_with_deadlines_reports_qos_per_policy(tmp_path: Path):
+    out = tmp_path / "out"
+    result = runner.invoke(
+        app, ["simulate", "--synthetic", "40", "--cluster", "1x4", "-p", "edf", "-p", "fifo",
+              "--deadlines", "1.2-3", "--out", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "QoS" in result.output
+    summary = json.loads((out / "summary.json").read_text())
+    for name in ("edf", "fifo"):
+        assert 0.0 <= summary["policies"][name]["qos_pct"] <= 100.0
+
+
+def test_a_bad_deadlines_option_is_a_one_line_error_naming_it(tmp_path: Path):
+    result = runner.invoke(
+        app, ["simulate", "--synthetic", "4", "--cluster", "1x4", "-p", "edf",
+              "--deadlines", "3-1", "--out", str(tmp_path / "out")],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: --deadlines")
+    assert not (tmp_path / "out").exists()
