@@ -60,9 +60,7 @@ class Sjf:
     queue_sort: QueueSort | None = SJF_ORDER
 
     def decide(self, snapshot: Snapshot) -> Decision:
-        if snapshot.free_gpus == 0:
-            return greedy_exclusive(snapshot, (), backfill=True)
-        return greedy_exclusive(snapshot, ordered_pending(snapshot, SJF_ORDER), backfill=True)
+        return _skipping(snapshot, SJF_ORDER)
 
 
 @dataclass(frozen=True)
@@ -75,6 +73,11 @@ class Edf:
     queue_sort: QueueSort | None = EDF_ORDER
 
     def decide(self, snapshot: Snapshot) -> Decision:
-        if snapshot.free_gpus == 0:
-            return greedy_exclusive(snapshot, (), backfill=True)
-        return greedy_exclusive(snapshot, ordered_pending(snapshot, EDF_ORDER), backfill=True)
+        return _skipping(snapshot, EDF_ORDER)
+
+
+def _skipping(snapshot: Snapshot, order: QueueSort) -> Decision:
+    """Start queued jobs in ``order``, skipping those that do not fit."""
+    if snapshot.free_gpus == 0:
+        return greedy_exclusive(snapshot, (), backfill=True)
+    return greedy_exclusive(snapshot, ordered_pending(snapshot, order), backfill=True)
