@@ -15,7 +15,7 @@ from services.cli.main import app
 from services.scheduler.policies import make_policy
 from services.scheduler.results import FINISHED, UNFINISHED, JobOutcome, SimResult
 from services.scheduler.simulator import simulate
-from tests.builders import TablePerf, cluster, job
+from tests.builders import TablePerf, cluster, job, pending, running, snapshot
 
 runner = CliRunner()
 PERF = TablePerf(iter_s={"a": 1.0, "b": 2.0})
@@ -112,3 +112,48 @@ def test_a_bad_deadlines_option_is_a_one_line_error_naming_it(tmp_path: Path):
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: --deadlines")
     assert not (tmp_path / "out").exists()
+
+
+def _deadline_race(policy: str) -> dict[str, JobOutcome]:
+    """One GPU, `first` runs 0-100. Waiting, each 100 s: `hopeless` (deadline 150: at
+    100 it can no longer make it), `tight` (250), `loose` (1000), and `free` (no deadline,
+    10 s)."""
+    jobs = [
+        job("first", iterations=100),
+        _dated(job("hopeless", submit=1.0, iterations=100), 150.0),
+        _dated(job("tight", submit=2.0, iterations=100), 250.0),
+        _dated(job("loose", submit=3.0, iterations=100), 1000.0),
+        job("free", submit=4.0, iterations=10),
+    ]
+    result = simulate(cluster(1, 1), jobs, make_policy(policy), PERF)
+    return {o.job_id: o for o in result.jobs}
+
+
+def test_genie_runs_jobs_that_can_meet_their_deadline_first_and_hopeless_ones_last():
+    # at 100: tight (allowance 50), loose (800), free (no deadline), hopeless (-50)
+    outcomes = _deadline_race("genie")
+    starts = {job_id: o.start_time for job_id, o in outcomes.items()}
+    assert starts == {"first": 0.0, "tight": 100.0, "loose": 200.0, "free": 300.0,
+                      "hopeless": 310.0}  # fmt: skip
+    assert [o.met_deadline for o in outcomes.values()] == [None, False, True, True, None]
+
+
+def test_edf_spends_the_gpu_on_a_hopeless_job_and_misses_one_genie_meets():
+    outcomes = _deadline_race("edf")
+    assert outcomes["hopeless"].start_time == 100.0
+    assert outcomes["tight"].met_deadline is False
+    assert sum(bool(o.met_deadline) for o in outcomes.values()) == 1
+    assert sum(bool(o.met_deadline) for o in _deadline_race("genie").values()) == 2
+
+
+def test_genie_says_why_a_job_past_hope_waits():
+    snap = snapshot(
+        cluster(1, 1),
+        PERF,
+        [replace(pending("late", 100.0), deadline=50.0), pending("other", 10.0)],
+        [running("r", 500.0, (0,))],
+        now=0.0,
+    )
+    decision = make_policy("genie").decide(snap)
+    assert decision.starts == ()
+    assert "can no longer meet its deadline" in decision.why("late")

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from services.scheduler.policies.base import Policy
+from services.scheduler.policies.genie import Genie
 from services.scheduler.policies.ones import Ones
 from services.scheduler.policies.preemptive import Srtf, Tiresias
 from services.scheduler.policies.simple import Edf, Fifo, FifoBackfill, Sjf
@@ -17,6 +18,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "fifo-backfill": FifoBackfill,
     "sjf": Sjf,
     "edf": Edf,
+    "genie": Genie,
     "srtf": Srtf,
     "tiresias": Tiresias,
     "sjf-ffs": lambda: SjfBsbf(benefit_test=False, name="sjf-ffs"),
