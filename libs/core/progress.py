@@ -161,11 +161,7 @@ class ProgressPredictor:
         ``MIN_EPOCHS`` epochs, or for a data set no finished job has trained on (the
         network extrapolates badly there: it called jobs of an unseen data set nearly
         done when they had most of their epochs to go)."""
-        if (
-            self._network is None
-            or record.epochs < MIN_EPOCHS
-            or record.epoch_samples not in self._longest
-        ):
+        if not self._predicts_for(record):
             return None
         import torch
 
@@ -176,11 +172,18 @@ class ProgressPredictor:
         mean = float(alpha[0] / (alpha[0] + beta[0]))
         return min(1 - _EDGE, max(_EDGE, mean))
 
+    def _predicts_for(self, record: EpochRecord) -> bool:
+        return (
+            self._network is not None
+            and record.epochs >= MIN_EPOCHS
+            and record.epoch_samples in self._longest
+        )
+
     def trust(self, record: EpochRecord) -> float:
         """How far to follow the prediction for this record's data set over a prior
         estimate: ``n / (n + PRIOR_JOBS)`` for ``n`` finished jobs of the data set
         learned from (0 where it gives no prediction)."""
-        if self.fraction_done(record) is None:
+        if not self._predicts_for(record):
             return 0.0
         finished = self._finished_of[record.epoch_samples]
         return finished / (finished + PRIOR_JOBS)
