@@ -319,6 +319,12 @@ class Simulator:
         for queue in self.extra_queues:
             queue.add(view)
 
+    def _dequeue(self, job_id: str) -> None:
+        view = self.pending.pop(job_id)
+        self.queue.remove(view)
+        for queue in self.extra_queues:
+            queue.remove(view)
+
     def _view(self, job: SimJob) -> JobView:
         """The job as policies see it now: queued, or running where it runs."""
         spec = job.spec
@@ -381,11 +387,7 @@ class Simulator:
                 other.view = self._view(other)
                 self.running[other.spec.job_id] = other.view
             elif other.spec.job_id in self.pending and other.history:
-                old = self.pending[other.spec.job_id]
-                self.queue.remove(old)
-                for queue in self.extra_queues:
-                    queue.remove(old)
-                del self.pending[other.spec.job_id]
+                self._dequeue(other.spec.job_id)
                 self._enqueue(self._view(other))
 
     def _settle(self, job: SimJob) -> None:
@@ -592,10 +594,7 @@ class Simulator:
         mem = self.truth.gpu_memory_mb(
             spec.model, spec.batch_size / (spec.gpus * start.accum_steps)
         )
-        view = self.pending.pop(spec.job_id)
-        self.queue.remove(view)
-        for queue in self.extra_queues:
-            queue.remove(view)
+        self._dequeue(spec.job_id)
         job.state = JobState.RUNNING
         job.gpu_ids = start.gpu_ids
         job.accum = start.accum_steps
