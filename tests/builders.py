@@ -11,6 +11,7 @@ from libs.core.cluster import (
     Cluster,
     Node,
 )
+from libs.core.convergence import Convergence
 from libs.core.jobs import JobSpec
 from libs.core.lifecycle import JobState
 from libs.core.perf import CpuMemDemand, UnknownModelError
@@ -70,6 +71,17 @@ class TablePerf:
     def cpu_mem_demand(self, model: str) -> CpuMemDemand:
         return self.demand.get(model, CpuMemDemand(3.0, 62.5, 1.0))
 
+
+
+@dataclass(frozen=True)
+class ConvergingPerf(TablePerf):
+    """``TablePerf`` whose models in ``curves`` end on convergence (a ground truth the
+    simulator then follows across batch changes)."""
+
+    curves: dict[str, Convergence] = field(default_factory=dict)
+
+    def convergence(self, model: str) -> Convergence | None:
+        return self.curves.get(model)
 
 def cluster(
     nodes: int = 1,

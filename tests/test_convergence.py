@@ -24,7 +24,7 @@ from libs.core.decision import Decision, Resize, Start, decision_problems
 from libs.core.snapshot import Snapshot
 from libs.core.traces import load_trace
 from services.scheduler.simulator import SimConfig, simulate
-from tests.builders import TablePerf, cluster, job, pending, snapshot
+from tests.builders import ConvergingPerf, cluster, job, pending, snapshot
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 POLLUX = DATA / "profiles" / "pollux"
@@ -35,14 +35,6 @@ TOY = Convergence(
     batches=(8.0, 16.0),
     iterations=((0.0, 50.0, 100.0), (0.0, 30.0, 60.0)),
 )
-
-
-@dataclass(frozen=True)
-class ConvergingPerf(TablePerf):
-    curves: dict[str, Convergence] = field(default_factory=lambda: {"a": TOY})
-
-    def convergence(self, model: str) -> Convergence | None:
-        return self.curves.get(model)
 
 
 def test_a_profiled_batch_needs_exactly_the_iterations_it_was_measured_at():
@@ -155,7 +147,7 @@ class Scripted:
 def test_a_resize_to_a_larger_batch_leaves_the_iterations_its_progress_needs_there():
     """Batch 8 on one GPU, 1 s an iteration: after 40 s (progress 40) the job moves to
     batch 16 on two GPUs, which needs 60 - 24 = 36 more iterations, after the restart."""
-    perf = ConvergingPerf(iter_s={"a": 1.0})
+    perf = ConvergingPerf(iter_s={"a": 1.0}, curves={"a": TOY})
     spec = job("j", iterations=100, batch=8)
     policy = Scripted(
         [
@@ -183,7 +175,7 @@ def test_without_a_curve_a_resize_keeps_the_remaining_iterations():
 def test_an_elastic_start_runs_the_job_at_the_shape_the_policy_chose():
     """Asked for batch 16 on two GPUs (60 iterations), started at batch 8 on one GPU:
     it needs the 100 iterations of batch 8, and keeps its exclusive time as asked."""
-    perf = ConvergingPerf(iter_s={"a": 1.0})
+    perf = ConvergingPerf(iter_s={"a": 1.0}, curves={"a": TOY})
     spec = job("j", iterations=60, gpus=2, batch=16)
     policy = Scripted([Decision(starts=(Start("j", (0,), batch_size=8),))])
     result = simulate(cluster(1, 2), [spec], policy, perf)
@@ -193,7 +185,7 @@ def test_an_elastic_start_runs_the_job_at_the_shape_the_policy_chose():
 
 
 def test_the_policy_is_woken_when_it_asked_even_with_nothing_pending():
-    perf = ConvergingPerf(iter_s={"a": 1.0})
+    perf = ConvergingPerf(iter_s={"a": 1.0}, curves={"a": TOY})
     calls: list[float] = []
 
     @dataclass
@@ -209,7 +201,7 @@ def test_the_policy_is_woken_when_it_asked_even_with_nothing_pending():
 
 
 def test_an_elastic_start_is_checked_at_its_own_shape():
-    perf = ConvergingPerf(iter_s={"a": 1.0}, mem_mb={"a": 6000.0}, ref_batch=8.0)
+    perf = ConvergingPerf(iter_s={"a": 1.0}, mem_mb={"a": 6000.0}, ref_batch=8.0, curves={"a": TOY})
     snap = snapshot(cluster(1, 2, gpu_mem_mb=10_000), perf, [pending("j", 60.0, gpus=2, batch=16)])
     assert decision_problems(snap, Decision(starts=(Start("j", (0,), batch_size=8),)), perf) == []
     # batch 32 on one GPU needs 6000 x 2 MB: more than the GPU has

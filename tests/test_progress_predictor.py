@@ -12,7 +12,7 @@ from libs.core.decision import Decision, Start
 from libs.core.progress import MIN_EPOCHS, PRIOR_JOBS, EpochRecord, ProgressPredictor
 from libs.core.snapshot import Snapshot
 from services.scheduler.simulator import Simulator
-from tests.builders import TablePerf, cluster, job
+from tests.builders import ConvergingPerf, cluster, job
 
 EPOCH = 1_000.0
 
@@ -93,12 +93,6 @@ CURVE = Convergence(
 )
 
 
-@dataclass(frozen=True)
-class ConvergingPerf(TablePerf):
-    def convergence(self, model: str) -> Convergence | None:
-        return CURVE
-
-
 @dataclass
 class OneAtATime:
     """Starts the oldest pending job on GPU 0 whenever it is free, and records the
@@ -119,7 +113,7 @@ class OneAtATime:
 
 
 def test_the_simulator_records_each_epoch_with_the_metric_its_curve_reaches():
-    perf = ConvergingPerf(iter_s={"a": 1.0})
+    perf = ConvergingPerf(iter_s={"a": 1.0}, curves={"a": CURVE})
     sim = Simulator(cluster(1, 1), [job("j", iterations=1250, batch=8)], OneAtATime(), perf)
     sim.run()
     records = sim.jobs["j"].history
@@ -131,7 +125,7 @@ def test_the_simulator_records_each_epoch_with_the_metric_its_curve_reaches():
 def test_after_identical_jobs_finish_the_next_one_is_sized_by_its_predicted_progress():
     """Five identical jobs in a row; once three finished, the predictor trains and the
     fifth job's remaining time, seen mid-run, is close to the truth."""
-    perf = ConvergingPerf(iter_s={"a": 1.0})
+    perf = ConvergingPerf(iter_s={"a": 1.0}, curves={"a": CURVE})
     jobs = [job(f"j{i}", submit=float(i), iterations=1250, batch=8) for i in range(5)]
     policy = OneAtATime()
     sim = Simulator(cluster(1, 1), jobs, policy, perf)
