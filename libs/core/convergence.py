@@ -252,16 +252,23 @@ def read_convergence(folder: Path) -> Convergence | None:
     )
 
 
+def load_convergence(model: str, data_dir: Path | None) -> tuple[Convergence | None, bool]:
+    """A model's convergence curve and whether it was measured: its Pollux traces under
+    ``data_dir`` where they exist, else the built-in curve (None for a model with
+    neither)."""
+    if data_dir is not None:
+        folder = data_dir / "profiles" / "pollux" / model
+        measured = read_convergence(folder) if folder.is_dir() else None
+        if measured is not None:
+            return measured, True
+    return builtin_convergence(model), False
+
+
 def convergence_models(data_dir: Path | None) -> dict[str, Convergence]:
-    """Every model's convergence curve: the Pollux traces under ``data_dir`` where they
-    exist, the built-in curves for the other Pollux applications."""
+    """Every Pollux application's convergence curve (see :func:`load_convergence`)."""
     found: dict[str, Convergence] = {}
     for model in BUILTIN:
-        measured = None
-        if data_dir is not None:
-            folder = data_dir / "profiles" / "pollux" / model
-            measured = read_convergence(folder) if folder.is_dir() else None
-        curve = measured or builtin_convergence(model)
+        curve, _ = load_convergence(model, data_dir)
         if curve is not None:
             found[model] = curve
     return found

@@ -27,7 +27,7 @@ from typing import Generic, TextIO, TypeVar
 
 from libs.core.cluster import Cluster, Node
 from libs.core.convergence import BUILTIN as BUILTIN_CONVERGENCE
-from libs.core.convergence import Convergence, builtin_convergence, read_convergence
+from libs.core.convergence import Convergence, load_convergence
 
 FORMATS = ("philly", "alibaba", "pollux", "native")
 
@@ -545,15 +545,11 @@ class _PolluxIterations:
         return max(1, round(curve.total_iterations(batch_size)))
 
     def _curve(self, app: str) -> tuple[Convergence | None, str]:
-        if self.data_dir is not None:
-            folder = self.data_dir / "profiles" / "pollux" / app
-            try:
-                measured = read_convergence(folder) if folder.is_dir() else None
-            except ValueError as bad:
-                raise TraceError(str(bad)) from None
-            if measured is not None:
-                return measured, "profiles"
-        return builtin_convergence(app), "built-in defaults"
+        try:
+            curve, measured = load_convergence(app, self.data_dir)
+        except ValueError as bad:
+            raise TraceError(str(bad)) from None
+        return curve, "profiles" if measured else "built-in defaults"
 
 
 def _load_pollux(path: Path, opts: _Options) -> _Collected[TraceJob]:
