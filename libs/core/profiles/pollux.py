@@ -105,6 +105,14 @@ _PLACEMENT_FIELDS = ("placement", "local_bsz", "step_time", "sync_time")
 _SCALABILITY_FIELDS = ("num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time")
 
 
+def _step_point(path: Path, line: int, row: Mapping[str, Any]) -> tuple[float, float, float]:
+    """(per-GPU batch, step time, sync time) of one measured row."""
+    bsz = number_cell(path, line, "local_bsz", row["local_bsz"], positive=True)
+    step = number_cell(path, line, "step_time", row["step_time"], positive=True)
+    sync = number_cell(path, line, "sync_time", row["sync_time"], positive=False)
+    return bsz, step, sync
+
+
 def _read_placements(path: Path) -> dict[str, StepCurve]:
     points = _new_points()
     for line, row in csv_rows(path, _PLACEMENT_FIELDS):
@@ -114,9 +122,7 @@ def _read_placements(path: Path) -> dict[str, StepCurve]:
                 f"{path}, line {line}, field 'placement': expected digits 1-9 "
                 f"(GPUs per node), got {row['placement']!r}"
             )
-        bsz = number_cell(path, line, "local_bsz", row["local_bsz"], positive=True)
-        step = number_cell(path, line, "step_time", row["step_time"], positive=True)
-        sync = number_cell(path, line, "sync_time", row["sync_time"], positive=False)
+        bsz, step, sync = _step_point(path, line, row)
         points[placement][bsz].append((step, sync))
     return _curves(points)
 
@@ -132,9 +138,7 @@ def _read_scalability(path: Path) -> dict[tuple[int, int], StepCurve]:
                 f"{path}, line {line}, field 'num_replicas': "
                 f"{gpus} replicas cannot span {nodes} nodes"
             )
-        bsz = number_cell(path, line, "local_bsz", row["local_bsz"], positive=True)
-        step = number_cell(path, line, "step_time", row["step_time"], positive=True)
-        sync = number_cell(path, line, "sync_time", row["sync_time"], positive=False)
+        bsz, step, sync = _step_point(path, line, row)
         points[(gpus, nodes)][bsz].append((step, sync))
     return _curves(points)
 
