@@ -280,12 +280,12 @@ class Ones:
         # new jobs, then shrink executed jobs below their size; padding gives new jobs
         # the first free GPUs, so growth must not squeeze them out here either
         new_jobs = [i for i, j in enumerate(jobs) if j.kind == "new"]
-        for i, floor_of in (
-            *((i, lambda j: j.view.gpus) for i in reversed(by_one_gpu)),
-            *((i, lambda j: 0) for i in reversed(new_jobs)),
-            *((i, lambda j: 0) for i in reversed(by_one_gpu)),
+        for i, floor in (
+            *((i, jobs[i].view.gpus) for i in reversed(by_one_gpu)),
+            *((i, 0) for i in reversed(new_jobs)),
+            *((i, 0) for i in reversed(by_one_gpu)),
         ):
-            while free < 0 and size[i] > floor_of(jobs[i]):
+            while free < 0 and size[i] > floor:
                 smaller = [n for n in jobs[i].sizes if n < size[i]]
                 nxt = smaller[-1] if smaller else 0
                 free += size[i] - nxt
