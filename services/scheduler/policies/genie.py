@@ -52,14 +52,15 @@ class Genie:
 
     def decide(self, snapshot: Snapshot) -> Decision:
         now = snapshot.now
-        ordered = sorted(snapshot.pending, key=lambda job: swaf_key(job, now))
+        keys = {job.job_id: swaf_key(job, now) for job in snapshot.pending}
+        ordered = sorted(snapshot.pending, key=lambda job: keys[job.job_id])
         # with no idle GPU nothing starts, but a job past hope still hears why it waits
         decision = greedy_exclusive(snapshot, ordered if snapshot.free_gpus else (), backfill=True)
         started = {start.job_id for start in decision.starts}
         late = {
             job.job_id: "can no longer meet its deadline: it waits behind every job that can"
             for job in ordered
-            if swaf_key(job, now)[0] == TOO_LATE
+            if keys[job.job_id][0] == TOO_LATE
             and job.job_id not in started
             and job.job_id not in decision.reasons
         }
