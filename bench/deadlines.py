@@ -23,7 +23,7 @@ from speed import print_machine_speed  # bench/ is the script's own directory
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from libs.core.workload import with_deadlines  # noqa: E402
+from libs.core.workload import alone_run_s, with_deadlines  # noqa: E402
 from services.scheduler.policies import make_policy  # noqa: E402
 from services.scheduler.runner import build_cluster, build_models, load_workload  # noqa: E402
 from services.scheduler.simulator import simulate  # noqa: E402
@@ -44,7 +44,7 @@ def main() -> None:
     trace = f"synthetic:{args.jobs}"
     # the same seed draws the same jobs whatever the rate: only the gaps scale
     probe = load_workload(trace, None, truth, seed=args.seed, rate_per_h=1.0, cluster=cluster)
-    gpu_s = sum(j.gpus * j.iterations * _alone_iter(truth, cluster, j) for j in probe.jobs)
+    gpu_s = sum(j.gpus * alone_run_s(j, truth, cluster) for j in probe.jobs)
     mean_gpu_s = gpu_s / len(probe.jobs)
     print(f"{args.jobs} jobs, mean {mean_gpu_s / 3600:.1f} GPU-hours each, 8x8 GPUs")
     for load in (float(x) for x in args.loads.split(",")):
@@ -64,11 +64,6 @@ def main() -> None:
                 f"{summary['avg_jct_s'] / 3600:6.1f} h  wall {wall:4.1f} s"
             )
     print_machine_speed()
-
-
-def _alone_iter(truth, cluster, job):  # type: ignore[no-untyped-def]
-    nodes = cluster.fewest_nodes(job.gpus)
-    return truth.iteration_time(job.model, job.batch_size, job.gpus, nodes)
 
 
 if __name__ == "__main__":

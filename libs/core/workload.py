@@ -436,6 +436,12 @@ def parse_slack_range(spec: str) -> tuple[float, float]:
     return low, high
 
 
+def alone_run_s(job: JobSpec, perf: PerformanceModel, cluster: Cluster) -> float:
+    """Seconds ``job`` runs alone at its most consolidated placement on ``cluster``."""
+    nodes = cluster.fewest_nodes(job.gpus)
+    return job.iterations * perf.iteration_time(job.model, job.batch_size, job.gpus, nodes)
+
+
 def with_deadlines(
     jobs: Sequence[JobSpec],
     perf: PerformanceModel,
@@ -454,7 +460,7 @@ def with_deadlines(
         if job.gpus > cluster.total_gpus:
             dated.append(job)  # it cannot run here at all: no run time to set one from
             continue
-        nodes = cluster.fewest_nodes(job.gpus)
-        alone = job.iterations * perf.iteration_time(job.model, job.batch_size, job.gpus, nodes)
-        dated.append(replace(job, deadline=job.submit_time + factor * alone))
+        dated.append(
+            replace(job, deadline=job.submit_time + factor * alone_run_s(job, perf, cluster))
+        )
     return dated
