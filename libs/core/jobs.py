@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from libs.core.parallelism import Degrees
 from libs.core.shape import JobShape
 
 
@@ -29,6 +30,9 @@ class JobSpec:
     user: str = ""
     cpus_per_gpu: float | None = None
     mem_gb_per_gpu: float | None = None
+    #: tensor and pipeline parallel degrees; data parallel = gpus / (tensor * pipeline)
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
 
     def __post_init__(self) -> None:
         if not self.job_id or "." in self.job_id or any(c.isspace() for c in self.job_id):
@@ -43,6 +47,19 @@ class JobSpec:
             )
         if self.submit_time < 0:
             raise ValueError(f"job {self.job_id}: submit_time must be >= 0")
+        for name in ("tensor_parallel", "pipeline_parallel"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"job {self.job_id}: {name} must be >= 1")
+        if self.gpus % (self.tensor_parallel * self.pipeline_parallel):
+            raise ValueError(
+                f"job {self.job_id}: tensor_parallel {self.tensor_parallel} x "
+                f"pipeline_parallel {self.pipeline_parallel} must divide gpus {self.gpus}"
+            )
+
+    @property
+    def degrees(self) -> Degrees:
+        """Data, tensor and pipeline parallel degrees (data = gpus / (tensor x pipeline))."""
+        return Degrees.of(self.gpus, self.tensor_parallel, self.pipeline_parallel)
 
     def shape(self, accum_steps: int = 1) -> JobShape:
         """This job's shape with each GPU's batch split into ``accum_steps`` sub-batches."""

@@ -9,7 +9,9 @@ nodes) rather than a scan of the cluster.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 
+from libs.core.parallelism import Degrees, Traffic, map_job
 from libs.core.snapshot import Snapshot
 
 
@@ -69,6 +71,32 @@ class FreeGpus:
         for node in nodes:
             taken.extend(self._take_from_node(node, min(self._free[node], gpus - len(taken))))
         return taken
+
+    def free_per_node(self) -> list[int]:
+        """Free GPUs of each node, by node index."""
+        return list(self._free)
+
+    def take_ranks(self, node_of_rank: Sequence[int]) -> list[int]:
+        """Take one free GPU on ``node_of_rank[r]`` for each rank r; the GPUs in rank order.
+        Raises ValueError, taking nothing, when a node has too few free GPUs."""
+        counts: dict[int, int] = {}
+        for node in node_of_rank:
+            counts[node] = counts.get(node, 0) + 1
+        for node, count in counts.items():
+            if not 0 <= node < len(self._free) or self._free[node] < count:
+                raise ValueError(f"node_of_rank: node {node} has no {count} free GPUs")
+        taken = {node: iter(self._take_from_node(node, count)) for node, count in counts.items()}
+        return [next(taken[node]) for node in node_of_rank]
+
+    def take_parallel(self, degrees: Degrees, flows: Traffic | None = None) -> list[int] | None:
+        """Place a (d, t, p) job where ``libs.core.parallelism.map_job`` maps it, GPUs in
+        rank order; a job with t = p = 1 exactly as :meth:`take` places it."""
+        if degrees.model_parallel == 1:
+            return self.take(degrees.gpus)
+        if degrees.gpus > self.total:
+            return None
+        nodes = map_job(degrees, self._free, flows)
+        return None if nodes is None else self.take_ranks(nodes)
 
     def _spread(self, gpus: int) -> list[int]:
         """Fewest nodes: fullest-free nodes first, lowest index on ties."""
