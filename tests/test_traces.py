@@ -329,8 +329,8 @@ def test_bad_native_csv_rows_name_their_field(tmp_path: Path, row: str, field: s
 
 
 def test_native_csv_rejects_unknown_columns_by_name(tmp_path: Path) -> None:
-    path = write(tmp_path, "jobs.csv", "submit_time,gpus,duration_s,priority,colour\n0,1,5,1,red\n")
-    with pytest.raises(TraceError, match=r"unknown column.*'colour', 'priority'"):
+    path = write(tmp_path, "jobs.csv", "submit_time,gpus,duration_s,urgency,colour\n0,1,5,1,red\n")
+    with pytest.raises(TraceError, match=r"unknown column.*'colour', 'urgency'"):
         load_trace(path, "native")
 
 
@@ -338,13 +338,13 @@ def test_native_jsonl_rejects_unknown_keys_and_bad_lines(tmp_path: Path) -> None
     good = {"submit_time": 0, "gpus": 1, "iterations": 10}
     lines = [
         json.dumps(good),
-        json.dumps({**good, "priority": 3}),
+        json.dumps({**good, "urgency": 3}),
         "{not json",
         "[1, 2]",
         json.dumps({**good, "gpus": 1.5}),
     ]
     path = write(tmp_path, "jobs.jsonl", "\n".join(lines) + "\n")
-    with pytest.raises(TraceError, match=r"jobs.jsonl:2: field 'priority': unknown key"):
+    with pytest.raises(TraceError, match=r"jobs.jsonl:2: field 'urgency': unknown key"):
         load_trace(path, "native")
     trace = load_trace(path, "native", skip_bad_rows=True)
     assert trace.skipped_rows == 4

@@ -30,6 +30,8 @@ class JobSpec:
     user: str = ""
     cpus_per_gpu: float | None = None
     mem_gb_per_gpu: float | None = None
+    #: the tenant's own order of its jobs, -1000..1000 (see JobView.priority)
+    priority: int = 0
     #: tensor and pipeline parallel degrees; data parallel = gpus / (tensor * pipeline)
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
@@ -47,6 +49,8 @@ class JobSpec:
             )
         if self.submit_time < 0:
             raise ValueError(f"job {self.job_id}: submit_time must be >= 0")
+        if not -1000 <= self.priority <= 1000:
+            raise ValueError(f"job {self.job_id}: priority must be -1000..1000: {self.priority}")
         for name in ("tensor_parallel", "pipeline_parallel"):
             if getattr(self, name) < 1:
                 raise ValueError(f"job {self.job_id}: {name} must be >= 1")

@@ -56,6 +56,11 @@ class JobView:
     #: running only: seconds one epoch of its data set takes at its current shape, where
     #: the driver knows the data set's size; None: unknown
     epoch_s: float | None = None
+    #: the tenant (user) that submitted the job, and the priority it gave it (-1000..1000):
+    #: a tenant's higher-priority jobs take the places of its own lower-priority ones in
+    #: a policy's order (``services.scheduler.policies.base.by_priority``)
+    user: str = ""
+    priority: int = 0
 
     @property
     def running(self) -> bool:
@@ -100,6 +105,9 @@ class Snapshot:
     #: GPU-proportional share for jobs without one); empty: the driver does not track them
     node_cpus_used: tuple[float, ...] = ()
     node_mem_used: tuple[float, ...] = ()
+    #: whether some queued or running job has a priority other than 0 (None: a policy
+    #: looks); with False a policy skips the priority pass, with True it runs it
+    prioritized: bool | None = None
     #: the same queued jobs in further orders the driver keeps, by ``QueueSort`` name (a
     #: policy names the ones it can use in ``extra_sorts``); a driver may give none
     orders: Mapping[str, tuple[JobView, ...]] = field(default_factory=dict, compare=False)

@@ -45,6 +45,7 @@ NATIVE_FIELDS = (
     "user",
     "cpus_per_gpu",
     "mem_gb_per_gpu",
+    "priority",
 )
 #: Largest time a trace may state, in seconds (about 317 years; Philly spans one). Near
 #: 1e20 s two neighbouring floats are hours apart, so a short job there would end at the
@@ -84,6 +85,8 @@ class TraceJob:
     cpus_per_gpu: float | None = None
     mem_gb_per_gpu: float | None = None
     line: int = 0
+    #: the tenant's own order of its jobs, -1000..1000 (see ``libs.core.jobs.JobSpec``)
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -244,6 +247,7 @@ def _shifted(j: TraceJob, t0: float) -> TraceJob:
         j.cpus_per_gpu,
         j.mem_gb_per_gpu,
         j.line,
+        j.priority,
     )
 
 
@@ -670,6 +674,7 @@ def _native_row(line: int, row: Mapping[str, object]) -> TraceJob:
             _float(row, "mem_gb_per_gpu", positive=True) if "mem_gb_per_gpu" in row else None
         ),
         line=line,
+        priority=_int(row, "priority", minimum=-1000, maximum=1000) if "priority" in row else 0,
     )
 
 
@@ -727,6 +732,7 @@ def _native_record(job: TraceJob) -> dict[str, object]:
         "user": job.user or None,
         "cpus_per_gpu": job.cpus_per_gpu,
         "mem_gb_per_gpu": job.mem_gb_per_gpu,
+        "priority": job.priority or None,
     }
 
 

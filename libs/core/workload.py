@@ -220,6 +220,7 @@ def _spec(job: TraceJob, model: str, batch: int, iterations: float) -> JobSpec:
         user=job.user,
         cpus_per_gpu=job.cpus_per_gpu,
         mem_gb_per_gpu=job.mem_gb_per_gpu,
+        priority=job.priority,
     )
 
 

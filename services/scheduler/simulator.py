@@ -187,6 +187,8 @@ class Simulator:
         if len({j.job_id for j in self.specs}) != len(self.specs):
             raise ValueError("job ids must be unique")
         self._specs_by_id = {s.job_id: s for s in self.specs}
+        #: whether a job has a priority, for the snapshot (policies skip it otherwise)
+        self.prioritized = any(s.priority for s in self.specs)
         self.jobs: dict[str, SimJob] = {}
         self.pending: dict[str, JobView] = {}
         self.queue = SortedQueue(getattr(policy, "queue_sort", None))
@@ -351,6 +353,8 @@ class Simulator:
             cpus=job.cpus if running else None,
             mem_gb=job.mem_gb if running else None,
             epoch_s=self._epoch_s(job) if running else None,
+            user=spec.user,
+            priority=spec.priority,
         )
 
     @staticmethod
@@ -518,6 +522,7 @@ class Simulator:
             max_jobs_per_gpu=self.config.max_jobs_per_gpu,
             queue_order=self.queue.order,
             orders={q.order: q.views(self.pending) for q in self.extra_queues},
+            prioritized=self.prioritized,
         )
 
     def _decide(self, now: float) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Protocol
 
 from libs.core.decision import Decision, Start
@@ -51,10 +53,70 @@ class Policy(Protocol):
 
 
 def ordered_pending(snapshot: Snapshot, sort: QueueSort) -> Sequence[JobView]:
-    """The queue in ``sort`` order, sorting only if the driver has not already."""
-    if snapshot.queue_order == sort.name:
-        return snapshot.pending
-    return sorted(snapshot.pending, key=sort.key)
+    """The queue in ``sort`` order, sorting only if the driver has not already, with
+    each tenant's jobs in priority order among the places they hold (``by_priority``)."""
+    ordered = snapshot.pending if snapshot.queue_order == sort.name else sorted(
+        snapshot.pending, key=sort.key
+    )
+    return by_priority(ordered) if has_priorities(snapshot) else ordered
+
+
+def has_priorities(snapshot: Snapshot) -> bool:
+    """Whether some queued or running job has a priority other than 0 (the driver may
+    say so in ``Snapshot.prioritized``, else every job is looked at)."""
+    if snapshot.prioritized is not None:
+        return snapshot.prioritized
+    return any(job.priority for job in snapshot.pending) or any(
+        job.priority for job in snapshot.running
+    )
+
+
+def by_priority(ordered: Sequence[JobView]) -> Sequence[JobView]:
+    """``ordered`` with every tenant's places refilled by that tenant's own jobs, highest
+    ``priority`` first and in ``ordered``'s order among equal priorities.
+
+    Our rule, not a paper's: a priority is self-declared, so it orders one tenant's jobs
+    among themselves and never moves another tenant's job. The places a tenant's jobs
+    hold in a policy's order stay the tenant's; which of its jobs takes each follows its
+    priorities. With every priority equal the order is ``ordered`` itself.
+    """
+    places: dict[str, list[int]] = {}
+    for i, job in enumerate(ordered):
+        places.setdefault(job.user, []).append(i)
+    refilled: list[JobView] | None = None
+    for indices in places.values():
+        jobs = [ordered[i] for i in indices]
+        first = jobs[0].priority
+        if all(job.priority == first for job in jobs):
+            continue
+        jobs.sort(key=_higher_first)  # stable: the policy's order among equals
+        if refilled is None:
+            refilled = list(ordered)
+        for i, job in zip(indices, jobs, strict=True):
+            refilled[i] = job
+    return ordered if refilled is None else refilled
+
+
+def _higher_first(job: JobView) -> int:
+    return -job.priority
+
+
+def by_priority_ranked(
+    running: Sequence[tuple[tuple, JobView]], pending: Sequence[tuple[tuple, JobView]]
+) -> tuple[list[tuple[tuple, JobView]], list[tuple[tuple, JobView]]]:
+    """``by_priority`` for a policy that ranks running and queued jobs together (each
+    list ascending by a rank unique across both): the ranks stay where they are and a
+    tenant's jobs, running or queued, take its ranks in priority order. So a tenant's
+    queued job preempts its own running job only with a higher priority, and never the
+    other way round. Returns the running and the queued jobs with their new ranks, each
+    list ascending."""
+    merged = list(heapq.merge(running, pending, key=itemgetter(0)))
+    jobs = by_priority([job for _, job in merged])
+    new_running: list[tuple[tuple, JobView]] = []
+    new_pending: list[tuple[tuple, JobView]] = []
+    for (rank, _), job in zip(merged, jobs, strict=True):
+        (new_running if job.running else new_pending).append((rank, job))
+    return new_running, new_pending
 
 
 class LazyReasons(Mapping[str, str]):

@@ -15,7 +15,10 @@ free now: that is what ``place_exclusive`` gives. Non-preemptive; later jobs tha
 are started past one that does not (backfill).
 
 Our design, not the paper's (its text is not available): from its abstract, its DATE'19
-predecessor, and DESIGN.md section 5. The profiling run and platform model that predict
+predecessor, and DESIGN.md section 5. Priorities (ours too): within this order a tenant's
+places go to its own jobs highest ``priority`` first (``base.by_priority``), so a tenant
+may put a job without a deadline before its own deadline job, never before another
+tenant's. The profiling run and platform model that predict
 run times belong to the predictor; this policy reads the estimates it is given.
 """
 
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 
 from libs.core.decision import Decision
 from libs.core.snapshot import JobView, Snapshot
-from services.scheduler.policies.base import greedy_exclusive
+from services.scheduler.policies.base import by_priority, greedy_exclusive, has_priorities
 
 CAN_MEET, NO_DEADLINE, TOO_LATE = 0, 1, 2
 
@@ -54,6 +57,8 @@ class Genie:
         now = snapshot.now
         keys = {job.job_id: swaf_key(job, now) for job in snapshot.pending}
         ordered = sorted(snapshot.pending, key=lambda job: keys[job.job_id])
+        if has_priorities(snapshot):
+            ordered = list(by_priority(ordered))
         # with no idle GPU nothing starts, but a job past hope still hears why it waits
         decision = greedy_exclusive(snapshot, ordered if snapshot.free_gpus else (), backfill=True)
         started = {start.job_id for start in decision.starts}

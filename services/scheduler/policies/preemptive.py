@@ -10,6 +10,10 @@ every running job not yet reached is a candidate victim. The queue arrives in ra
 when the driver keeps it so (``QueueSort``): a queued job's SRTF rank never changes
 while it waits, and its Tiresias rank changes only when it is promoted. Reasons for the
 jobs the walk never reached are written only when asked for (``LazyReasons``).
+
+Priorities (our rule, see ``base.by_priority_ranked``): where some job has a priority
+other than 0, the ranks a tenant's jobs hold, running and queued together, go to its own
+jobs highest priority first; other tenants' ranks do not move.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from services.scheduler.policies.base import (
     QueueSort,
     ShapeCache,
     busy_reason,
+    by_priority_ranked,
+    has_priorities,
     no_room_reason,
     place_exclusive,
     unschedulable_reason,
@@ -227,6 +233,8 @@ class Srtf:
         if snapshot.queue_order != SRTF_ORDER.name:
             pending = sorted(pending)
         # else already in rank order: keys are made only for the jobs the walk reaches
+        if has_priorities(snapshot):
+            running, pending = by_priority_ranked(running, list(pending))
 
         def describe(job: JobView) -> str:
             return f"{job.oracle_remaining_at(now):.0f} s of work left"
@@ -481,7 +489,12 @@ class Tiresias:
         min_wait, knob = self.min_wait_s, self.promote_knob
         running, wake = self._rank_running(snapshot)
         by_promotion = snapshot.orders.get(self._promote_sort.name)
-        if snapshot.queue_order == self._base_sort.name and by_promotion is not None:
+        prioritized = has_priorities(snapshot)
+        if (
+            snapshot.queue_order == self._base_sort.name
+            and by_promotion is not None
+            and not prioritized
+        ):
             return self._decide_in_order(snapshot, running, by_promotion, wake)
         pending: list[Ranked] = []
         for j in snapshot.pending:
@@ -495,6 +508,8 @@ class Tiresias:
                     wake = min(wake, promote_at)
             pending.append(((q, QUEUED_AFTER, j.submit_time, j.job_id), j))
         pending.sort()  # nearly sorted when the driver keeps the queue_sort order
+        if prioritized:
+            running, pending = by_priority_ranked(running, pending)
 
         def describe(job: JobView) -> str:
             return f"priority queue {self.queue_of(job, now)}"
