@@ -798,7 +798,7 @@ async def test_metrics_count_requests_by_route_and_status(api: Api):
     assert 'gpusched_admission_requests_total{method="POST",route="/v1/jobs",status="422"} 1.0' \
         in text
     assert 'route="unmatched",status="404"} 1.0' in text
-    assert "gpusched_admission_jobs_submitted_total 1.0" in text
+    assert 'gpusched_admission_jobs_submitted_total{tenant="alpha"} 1.0' in text
     assert 'gpusched_admission_request_seconds_count{method="POST",route="/v1/jobs"} 2.0' in text
 
 

@@ -33,7 +33,7 @@ from libs.common.tasks import cancel_and_wait
 from libs.core.groundtruth import load_performance_model
 from services.admission import params, problems, quota
 from services.admission.auth import Authenticator
-from services.admission.config import AdmissionConfig
+from services.admission.config import OPEN_TENANT, AdmissionConfig
 from services.admission.ids import idempotent_job_id, is_job_id, new_job_id
 from services.admission.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from services.admission.metrics import UNMATCHED_ROUTE, Metrics
@@ -108,6 +108,10 @@ class AdmissionApi:
         self.auth = Authenticator(config.tokens)
         self.metrics = Metrics()
         self.jobs = JobIndex(on_finished=self._job_finished)
+        self.metrics.watch_tenants(
+            [OPEN_TENANT] if config.open else config.tokens.values(), config.quotas,
+            self.jobs.held_gpus,
+        )
         self.nodes = NodeIndex()
         self.telemetry = TelemetryCache()
         self.job_mirror = KvMirror(nc, stores.jobs, self.jobs.apply, "jobs")
@@ -340,7 +344,7 @@ class AdmissionApi:
                     await self._give_back(tenant, job_id)
         else:
             raise ProblemError(503, "conflict-retry", "could not store the job; try again")
-        self.metrics.jobs_submitted.inc()
+        self.metrics.submitted(tenant)
         log.info("job submitted", job_id=job_id, tenant=tenant, model=spec.model,
                  gpus=spec.gpus, iterations=iterations)
         return _json_response(record, 201, {hdrs.LOCATION: f"/v1/jobs/{job_id}"})

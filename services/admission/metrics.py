@@ -1,12 +1,17 @@
 """Prometheus metrics of one admission app, in a registry of its own (several apps may
-run in one process)."""
+run in one process). The ``tenant`` label takes only the tenants of the configuration
+(its tokens and quotas), so its values are bounded. Every series is listed in
+docs/metrics.md."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
 
 #: the route label of requests that matched no route, so unknown paths add no series
 UNMATCHED_ROUTE = "unmatched"
@@ -38,7 +43,8 @@ class Metrics:
         )
         self.jobs_submitted = Counter(
             "gpusched_admission_jobs_submitted_total",
-            "Jobs created (idempotent replays not counted)",
+            "Jobs created (idempotent replays not counted), by tenant",
+            ["tenant"],
             registry=self.registry,
         )
         self.idempotent_replays = Counter(
@@ -57,6 +63,19 @@ class Metrics:
             registry=self.registry,
         )
 
+    def watch_tenants(
+        self, tenants: Iterable[str], quotas: Mapping[str, int],
+        held_gpus: Callable[[str], int],
+    ) -> None:
+        """Count submissions of ``tenants`` (each from 0) and, at each scrape, give every
+        tenant with a quota its GPUs held by unfinished jobs (``held_gpus``) against it."""
+        for tenant in tenants:
+            self.jobs_submitted.labels(tenant)
+        self.registry.register(_QuotaCollector(dict(quotas), held_gpus))
+
+    def submitted(self, tenant: str) -> None:
+        self.jobs_submitted.labels(tenant).inc()
+
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         key = (method, route, status)
         children = self._children.get(key)
@@ -70,3 +89,34 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _QuotaCollector:
+    """Quota use per tenant with a quota, read when scraped."""
+
+    def __init__(self, quotas: Mapping[str, int], held_gpus: Callable[[str], int]) -> None:
+        self._quotas = quotas
+        self._held = held_gpus
+
+    def collect(self) -> Iterator[Metric]:
+        limit = GaugeMetricFamily(
+            "gpusched_admission_quota_gpus", "GPU quota, by tenant", labels=("tenant",)
+        )
+        used = GaugeMetricFamily(
+            "gpusched_admission_quota_used_gpus",
+            "GPUs asked for by the tenant's unfinished jobs, by tenant with a quota",
+            labels=("tenant",),
+        )
+        ratio = GaugeMetricFamily(
+            "gpusched_admission_quota_used_ratio",
+            "GPUs asked for by the tenant's unfinished jobs over its quota, by tenant",
+            labels=("tenant",),
+        )
+        for tenant, gpus in sorted(self._quotas.items()):
+            held = self._held(tenant)
+            limit.add_metric((tenant,), gpus)
+            used.add_metric((tenant,), held)
+            ratio.add_metric((tenant,), held / gpus if gpus else 0.0)
+        yield limit
+        yield used
+        yield ratio

@@ -67,6 +67,14 @@ def register(app: typer.Typer) -> None:
                 "than this factor (>= 1; default: no cap)."
             ),
         ] = None,
+        metrics_port: Annotated[
+            int,
+            typer.Option(help="Port serving every service's Prometheus metrics at /metrics, "
+                         "on the API's host (0: any free port; docs/metrics.md)."),
+        ] = 9464,
+        metrics: Annotated[
+            bool, typer.Option(help="Serve the metrics (--no-metrics: do not).")
+        ] = True,
     ) -> None:
         """Start a whole local cluster: nats-server, services and emulated nodes."""
         from libs.common.logging import configure_logging
@@ -83,6 +91,7 @@ def register(app: typer.Typer) -> None:
                 host=host, port=port, jobs_mode=jobs.value, time_scale=time_scale,
                 state_dir=state_dir or up_file().parent, data_dir=data_dir, token=token,
                 max_resident_slowdown=max_resident_slowdown, nats_cluster=nats_cluster,
+                metrics_port=metrics_port if metrics else None,
             )
         except ValueError as exc:
             err.print(f"[bold red]error:[/] {exc}")
@@ -101,6 +110,8 @@ def register(app: typer.Typer) -> None:
                 out.print(f"  API    {cluster.url}")
                 out.print(f"  token  {cluster.token}")
                 out.print(f"  NATS   {cluster.nats_url}")
+                if cluster.metrics_url:
+                    out.print(f"  metrics {cluster.metrics_url}")
                 out.print("  try    gpusched submit --model resnet50 --batch-size 64 "
                           "--iterations 500; gpusched jobs")
                 out.print("Ctrl-C stops everything.", style="dim")

@@ -15,15 +15,19 @@ from nats.js.api import KeyValueConfig, StorageType
 from libs.common.bus import Stores, connection
 from libs.common.embedded import NatsCluster, NatsServer
 from libs.common.natsauth import Credentials, nodeagent_user, write_private
+from services.admission.app import API
 from services.admission.config import AdmissionConfig
 from services.admission.quota import QUOTA_BUCKET
 from services.admission.service import AdmissionService
 from services.cli.client import up_file
 from services.nodeagent.cluster import EmulatedCluster
+from services.nodeagent.metrics import NodeCollector
+from services.nodeagent.metrics import metrics as nodeagent_metrics
 from services.predictor.config import PredictorConfig
 from services.predictor.service import PredictorService
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.live import SchedulerService
+from services.scheduler.metrics import MetricsServer, combined
 from services.scheduler.policies.sjf_bsbf import resident_cap_problem
 
 
@@ -53,6 +57,9 @@ class UpConfig:
     heartbeat_s: float = 1.0
     #: see SchedulerConfig.max_resident_slowdown
     max_resident_slowdown: float | None = None
+    #: serve every service's Prometheus metrics at http://host:metrics_port/metrics
+    #: (0: any free port; None: not at all); docs/metrics.md
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         if self.nodes < 0:
@@ -68,19 +75,23 @@ class UpConfig:
         problem = resident_cap_problem(self.max_resident_slowdown)
         if problem:
             raise ValueError(f"max_resident_slowdown: {problem}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port: must be in [0, 65535], got {self.metrics_port}")
 
 
 class LocalCluster:
     """``async with LocalCluster(config) as cluster``: everything up; ``cluster.url``,
     ``cluster.token`` and ``cluster.nats_url`` say how to reach it. With an embedded,
     authenticated NATS, ``cluster.credentials`` holds every service's user and
-    ``cluster.nats_url`` carries no password (``connect_url(user)`` does)."""
+    ``cluster.nats_url`` carries no password (``connect_url(user)`` does).
+    ``cluster.metrics_url`` is where every service's metrics are served ('' when off)."""
 
     def __init__(self, config: UpConfig) -> None:
         self.config = config
         self.token = config.token or secrets.token_urlsafe(24)
         self.nats_url = config.nats_url or ""
         self.url = ""
+        self.metrics_url = ""
         self.nats: NatsServer | None = None
         self.nats_cluster: NatsCluster | None = None
         self.credentials: Credentials | None = None
@@ -114,7 +125,7 @@ class LocalCluster:
                 self._stack.callback(self.nats.close)
                 self.nats_url = self.nats.url
         url = self.connect_url
-        await self._stack.enter_async_context(
+        predictor = await self._stack.enter_async_context(
             PredictorService(
                 PredictorConfig(nats_url=url("predictor"), data_dir=config.data_dir)
             )
@@ -151,6 +162,8 @@ class LocalCluster:
             )
         )
         self.url = admission.url
+        if config.metrics_port is not None:
+            await self._serve_metrics(predictor, admission, config.host, config.metrics_port)
         path = up_file()
         # the token and the tap user's password: readable by this user only
         write_private(
@@ -173,6 +186,22 @@ class LocalCluster:
                 KeyValueConfig(bucket=QUOTA_BUCKET, history=1, storage=StorageType.FILE,
                                replicas=replicas)
             )
+
+    async def _serve_metrics(
+        self, predictor: PredictorService, admission: AdmissionService, host: str, port: int
+    ) -> None:
+        """One exposition of every service's own registry (docs/metrics.md)."""
+        assert self.scheduler is not None and admission.app is not None
+        agents = self.agents
+        registry = combined([
+            admission.app[API].metrics.registry,
+            self.scheduler.metrics.registry,
+            predictor.metrics.registry,
+            nodeagent_metrics(),
+            NodeCollector(lambda: [a.view for a in agents.agents] if agents else []),
+        ])
+        server = await self._stack.enter_async_context(MetricsServer(registry, host, port))
+        self.metrics_url = server.url
 
     def connect_url(self, user: str) -> str:
         """The NATS URL ``user`` connects with: its name and password in it when the

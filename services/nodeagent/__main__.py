@@ -12,12 +12,13 @@ import contextlib
 import signal
 import sys
 
-from prometheus_client import start_http_server
+from prometheus_client import REGISTRY, start_http_server
 
 from libs.common.logging import configure_logging
 from services.nodeagent.agent import NodeAgent
 from services.nodeagent.cluster import EmulatedCluster
 from services.nodeagent.config import NodeAgentConfig
+from services.nodeagent.metrics import NodeCollector
 
 
 async def serve(config: NodeAgentConfig, nodes: int = 1) -> None:
@@ -25,12 +26,20 @@ async def serve(config: NodeAgentConfig, nodes: int = 1) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    if config.metrics_port is not None:
-        start_http_server(config.metrics_port)
-    service: contextlib.AbstractAsyncContextManager[object] = (
+    service: NodeAgent | EmulatedCluster = (
         NodeAgent(config) if nodes == 1 else EmulatedCluster(config, nodes, prefix=config.name)
     )
-    async with service:
+    async with contextlib.AsyncExitStack() as stack:
+        if config.metrics_port is not None:
+            # the agents' GPU and job series beside the process-wide ones
+            collector = NodeCollector(lambda: [
+                agent.view
+                for agent in ([service] if isinstance(service, NodeAgent) else service.agents)
+            ])
+            REGISTRY.register(collector)
+            stack.callback(REGISTRY.unregister, collector)
+            start_http_server(config.metrics_port)
+        await stack.enter_async_context(service)
         await stop.wait()
 
 

@@ -43,6 +43,7 @@ from libs.common.schemas import (
     StartJob,
     StopJob,
     StopReason,
+    Telemetry,
 )
 from libs.core.groundtruth import ProfilePerformanceModel, load_performance_model
 from services.nodeagent.checks import run_kind, start_problem
@@ -53,7 +54,7 @@ from services.nodeagent.cpu_profiling import ProfileSettings, measure_cpu_profil
 from services.nodeagent.exits import PUBLISH_TIMEOUT_S, ExitOutbox, job_exit
 from services.nodeagent.gpus import GpuInventory, discover, read_nvml
 from services.nodeagent.job_contract import process_plan
-from services.nodeagent.metrics import metrics
+from services.nodeagent.metrics import JobReading, NodeView, metrics
 from services.nodeagent.reporting import Reporter
 from services.nodeagent.residents import Run, RunKind, co_runners, cores_taken
 from services.nodeagent.resize import answer_without_resizing, resize_problem, resized
@@ -175,6 +176,8 @@ class NodeAgent(Actor[AgentMessage]):
         self._closing = False
         self._stopped_all: asyncio.Future[None] | None = None
         self._metrics = metrics()
+        #: the GPU and job series this agent exports (Prometheus)
+        self.view = NodeView(config.name)
         #: the machine's cores the node's (possibly emulated) cores map onto
         self._machine_cores = machine_cores()
         #: one CPU profile at a time: two would measure each other
@@ -275,7 +278,21 @@ class NodeAgent(Actor[AgentMessage]):
         try:
             await self._shutdown()
         finally:
+            self.view.clear()
             await self._stack.aclose()
+
+    def _export(self, sample: Telemetry) -> None:
+        """The telemetry tick's GPU readings and the progress of the jobs led here, for
+        Prometheus (services/nodeagent/metrics.py)."""
+        assert self._inventory is not None
+        jobs: dict[str, JobReading] = {}
+        for job in sample.jobs:
+            run = self._runs.get(job.job_id)
+            if run is not None and run.start.leader and run.kind != "held":
+                jobs[job.job_id] = JobReading(
+                    job.progress.iteration, run.start.total_iterations, sample.at
+                )
+        self.view.update(self._inventory.gpus, self._inventory.emulated, sample.gpus, jobs)
 
     async def _shutdown(self) -> None:
         if self._commands is not None:
@@ -414,7 +431,7 @@ class NodeAgent(Actor[AgentMessage]):
                 self._check_registration()
                 await self._reports.heartbeat(self._runs.values(), self._exits.exiting)
             case _TelemetryDue():
-                await self._reports.telemetry(self._runs.values())
+                self._export(await self._reports.telemetry(self._runs.values()))
             case _ProgressDue():
                 await self._reports.progress_events(self._runs.values())
             case SimulatedFinish(job_id, run_id, version):
@@ -637,6 +654,7 @@ class NodeAgent(Actor[AgentMessage]):
             self._ended.popitem(last=False)
         self._metrics.running.dec()
         self._metrics.runs_ended.labels(end.outcome).inc()
+        self.view.forget_job(run.job_id)
         run.log.info(
             "run ended",
             outcome=end.outcome,

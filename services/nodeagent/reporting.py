@@ -96,7 +96,8 @@ class Reporter:
         )
         await self._publish(subjects.node_heartbeat(self._node), beat, "heartbeat")
 
-    async def telemetry(self, runs: Collection[Run]) -> None:
+    async def telemetry(self, runs: Collection[Run]) -> Telemetry:
+        """Publish the node's GPU readings and running jobs; returns the sample."""
         if self._inventory.emulated:
             used: dict[int, float] = {}
             for run in runs:
@@ -112,6 +113,7 @@ class Reporter:
             node=self._node, at=time.time(), gpus=gpus, jobs=self.running(runs)
         )
         await self._publish(subjects.node_telemetry(self._node), sample, "telemetry")
+        return sample
 
     async def progress_events(self, runs: Collection[Run]) -> None:
         now = asyncio.get_running_loop().time()

@@ -67,6 +67,7 @@ from services.predictor.client import PredictorClient, PredictorClientError
 from services.predictor.cpu_profiles import Sensitivity
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.lease import LeaderLease
+from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.policies import make_policy
 from services.scheduler.state import (
     Layout,
@@ -212,9 +213,13 @@ Message = (
 class LiveScheduler(Actor[Message]):
     name = "scheduler"
 
-    def __init__(self, config: SchedulerConfig, nc: Client, stores: Stores) -> None:
+    def __init__(
+        self, config: SchedulerConfig, nc: Client, stores: Stores,
+        metrics: SchedulerMetrics | None = None,
+    ) -> None:
         super().__init__()
         self.config = config
+        self.metrics = metrics or SchedulerMetrics()
         self.nc = nc
         self.stores = stores
         self.policy = make_policy(config.policy, config.time_scale, config.max_resident_slowdown)
@@ -445,14 +450,18 @@ class LiveScheduler(Actor[Message]):
     async def _handle(self, message: Message) -> None:
         match message:
             case Durable(msg):
+                self.metrics.durable_seen(msg)
                 await self._durable(msg)
             case Beat(heartbeat):
+                self.metrics.input_seen("heartbeat", heartbeat.at)
                 await self._beat(heartbeat)
             case ProgressSeen(event):
+                self.metrics.input_seen("progress", event.progress.at)
                 await self._progress(event)
             case Round():
                 self.round_queued = False
                 await self._round()
+                self.metrics.observe(self.jobs, self.nodes)
             case Sweep():
                 await self._sweep()
             case Rescan():
@@ -534,6 +543,7 @@ class LiveScheduler(Actor[Message]):
             **changes,
         )
         await self._write(job, record)
+        self.metrics.transitioned(state.value, reason)
         await self._publish_state(job, reason)
 
     async def _publish_state(self, job: LiveJob, reason: str) -> None:
@@ -786,7 +796,9 @@ class LiveScheduler(Actor[Message]):
         self.last_decide_ms = (time.perf_counter() - started) * 1000
         self.decide_ms.append(self.last_decide_ms)
         self.rounds += 1
-        if self._refused(snapshot, decision):
+        refused = self._refused(snapshot, decision)
+        self.metrics.decided(self.policy.name, self.last_decide_ms / 1000, decision, refused)
+        if refused:
             return
         for preempt in decision.preemptions:
             job = self.jobs.get(preempt.job_id)
@@ -1141,6 +1153,7 @@ class SchedulerService:
         self._task: asyncio.Task[None] | None = None
         self._lease: LeaderLease | None = None
         self.log = log.bind(instance=config.instance)
+        self.metrics = SchedulerMetrics()
 
     @property
     def is_leader(self) -> bool:
@@ -1207,7 +1220,7 @@ class SchedulerService:
     @contextlib.asynccontextmanager
     async def _leading(self) -> AsyncIterator[None]:
         assert self.nc is not None and self.stores is not None
-        scheduler = LiveScheduler(self.config, self.nc, self.stores)
+        scheduler = LiveScheduler(self.config, self.nc, self.stores, self.metrics)
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(scheduler)
             beats = await self.nc.subscribe(
@@ -1231,10 +1244,12 @@ class SchedulerService:
 
             stack.push_async_callback(stop_consumer)
             self.scheduler = scheduler
+            self.metrics.leading(True)
             try:
                 yield
             finally:
                 self.scheduler = None
+                self.metrics.leading(False)
                 self.log.info("leadership ended")
 
     async def _consume(self, scheduler: LiveScheduler) -> None:
