@@ -57,10 +57,11 @@ OPERATIONS = [
 SUBMIT_ACCEPTED = ["2xx", "403", "422"]
 
 
-#: the fields a 422 may name for a body the schema allows: only the rules across fields
+#: the fields a 422 may name for a body the schema allows: only the rules across fields,
+#: and a deadline already past (a rule against the clock, which a schema cannot state)
 CROSS_FIELD_RULES = {
     "iterations", "epochs", "dataset_size", "data_parallel", "tensor_parallel",
-    "pipeline_parallel", "min_batch_size", "max_batch_size",
+    "pipeline_parallel", "min_batch_size", "max_batch_size", "deadline",
 }
 
 

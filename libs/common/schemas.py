@@ -135,6 +135,10 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     #: (None: the GPU-proportional share)
     cpus: float | None = None
     mem_gb: float | None = None
+    #: jobs with a deadline only, written by the scheduler: when it expects the job to
+    #: finish (seconds since the epoch) and the run time alone it still needs (seconds)
+    est_end_at: float | None = None
+    est_run_s: float | None = None
 
     @property
     def current_spec(self) -> JobSpec:

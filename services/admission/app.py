@@ -50,6 +50,7 @@ from services.admission.views import (
     Health,
     JobList,
     NodeView,
+    job_detail,
 )
 
 log = structlog.get_logger("gpusched.admission")
@@ -287,6 +288,7 @@ class AdmissionApi:
             stored = await self._read(job_id)
             if stored is not None:
                 return await self._replay(stored, tenant, spec)
+        _check_deadline(spec, now())
         for attempt in range(3):
             if attempt and key is None:
                 job_id = new_job_id()
@@ -347,7 +349,9 @@ class AdmissionApi:
         self.metrics.submitted(tenant)
         log.info("job submitted", job_id=job_id, tenant=tenant, model=spec.model,
                  gpus=spec.gpus, iterations=iterations)
-        return _json_response(record, 201, {hdrs.LOCATION: f"/v1/jobs/{job_id}"})
+        return _json_response(
+            job_detail(record, now()), 201, {hdrs.LOCATION: f"/v1/jobs/{job_id}"}
+        )
 
     def _over_quota(self, tenant: str, used: int, gpus: int) -> ProblemError:
         quota = self.quotas.limit(tenant)
@@ -391,7 +395,7 @@ class AdmissionApi:
             await self._publish_submitted(stored)
         self.metrics.idempotent_replays.inc()
         return _json_response(
-            stored,
+            job_detail(stored, now()),
             200,
             {hdrs.LOCATION: f"/v1/jobs/{stored.id}", "Idempotent-Replayed": "true"},
         )
@@ -437,11 +441,12 @@ class AdmissionApi:
                 400, "invalid-parameter", "after: not a job id", field="after"
             )
         jobs, next_id = self.jobs.page(tenant, states=states, after=after, limit=limit)
-        return _json_response(JobList(jobs=jobs, next=next_id))
+        at = now()
+        return _json_response(JobList(jobs=[job_detail(j, at) for j in jobs], next=next_id))
 
     async def get_job(self, request: web.Request) -> web.Response:
         record = await self._owned(request)
-        return _json_response(record, 200)
+        return _json_response(job_detail(record, now()), 200)
 
     async def cancel_job(self, request: web.Request) -> web.Response:
         record = await self._owned(request)
@@ -458,7 +463,7 @@ class AdmissionApi:
         )
         self.metrics.cancels_requested.inc()
         log.info("cancel requested", job_id=record.id, tenant=record.tenant)
-        return _json_response(record, 202)
+        return _json_response(job_detail(record, now()), 202)
 
     async def _owned(self, request: web.Request) -> JobRecord:
         job_id = request.match_info["id"]
@@ -532,7 +537,7 @@ class AdmissionApi:
         record: JobRecord,
         queue: asyncio.Queue[tuple[str, bytes]],
     ) -> None:
-        await _send(response, "job", _json.encode(record))
+        await _send(response, "job", _json.encode(job_detail(record, now())))
         if record.state.terminal:
             return
         seen_at = record.history[-1].at if record.history else record.submitted_at
@@ -545,7 +550,7 @@ class AdmissionApi:
                 except (ProblemError, nats.errors.Error, TimeoutError):
                     current = None
                 if current is not None and current.state.terminal:
-                    await _send(response, "job", _json.encode(current))
+                    await _send(response, "job", _json.encode(job_detail(current, now())))
                     return
                 await response.write(b": keep-alive\n\n")
                 continue
@@ -642,6 +647,18 @@ def _json_response(
         body=_json.encode(value),
         headers={hdrs.CONTENT_TYPE: "application/json", **(headers or {})},
     )
+
+
+def _check_deadline(spec: JobSpec, at: float) -> None:
+    """A deadline already past cannot be met: refused, naming the field."""
+    if spec.deadline is not None and spec.deadline <= at:
+        raise ProblemError(
+            422,
+            "invalid-field",
+            f"deadline: {spec.deadline:.0f} is in the past (now {at:.0f}, seconds since the "
+            "epoch)",
+            field="deadline",
+        )
 
 
 def _unavailable() -> ProblemError:

@@ -7,12 +7,12 @@ from typing import Any
 
 import msgspec
 
-from libs.common.schemas import JobProgressEvent, JobRecord, JobSpec, JobState, JobStateEvent
+from libs.common.schemas import JobProgressEvent, JobSpec, JobState, JobStateEvent
 from services.admission import params
 from services.admission.ids import JOB_ID
 from services.admission.problems import PROBLEM_CONTENT_TYPE, Problem
 from services.admission.specs import ACCEPTED_TYPES
-from services.admission.views import ClusterView, Health, JobList
+from services.admission.views import ClusterView, Health, JobDetail, JobList
 
 _REF = "#/components/schemas/{name}"
 
@@ -93,7 +93,7 @@ _SERVER_SENT_EVENT = {
         "retry": {"type": "integer"},
     },
     "oneOf": [
-        _event("job", "JobRecord"),
+        _event("job", "JobDetail"),
         _event("state", "JobStateEvent"),
         _event("progress", "JobProgressEvent"),
     ],
@@ -103,13 +103,29 @@ _SERVER_SENT_EVENT = {
 def build_openapi(models: Iterable[str] = (), version: str = "0.1.0") -> dict[str, Any]:
     """The document; ``models`` become the ``enum`` of a job spec's ``model``."""
     _, components = msgspec.json.schema_components(
-        [JobSpec, JobRecord, JobList, ClusterView, Problem, Health, JobStateEvent,
+        [JobSpec, JobDetail, JobList, ClusterView, Problem, Health, JobStateEvent,
          JobProgressEvent],
         ref_template=_REF,
     )
     names = sorted(models)
     if names:
         components["JobSpec"]["properties"]["model"]["enum"] = names
+    spec_fields = components["JobSpec"]["properties"]
+    spec_fields["deadline"]["description"] = (
+        "Seconds since the epoch by which the job should finish; one already past at "
+        "submission is refused (422, field `deadline`)"
+    )
+    spec_fields["priority"]["description"] = (
+        "Orders the tenant's own jobs: in every policy but the elastic `ones`, the places "
+        "the tenant's jobs hold in the policy's order go to its higher-priority jobs "
+        "first; other tenants' jobs do not move"
+    )
+    detail = components["JobDetail"]["properties"]
+    detail["deadline_likely_met"]["description"] = (
+        "null without a deadline or before the scheduler's first estimate; finished: "
+        "whether it succeeded by its deadline; running: whether now + predicted remaining "
+        "time is by it; waiting: whether now + predicted wait + run time is"
+    )
     spec_body = {"schema": _ref("JobSpec")}
     return {
         "openapi": "3.1.0",
@@ -155,13 +171,13 @@ def build_openapi(models: Iterable[str] = (), version: str = "0.1.0") -> dict[st
                     "responses": {
                         "201": _json(
                             "Created, queued",
-                            _ref("JobRecord"),
+                            _ref("JobDetail"),
                             headers=_LOCATION,
                             links=_JOB_LINKS,
                         ),
                         "200": _json(
                             "An Idempotency-Key replay: the job created before",
-                            _ref("JobRecord"),
+                            _ref("JobDetail"),
                             headers={
                                 **_LOCATION,
                                 "Idempotent-Replayed": {
@@ -180,8 +196,8 @@ def build_openapi(models: Iterable[str] = (), version: str = "0.1.0") -> dict[st
                         ),
                         "422": _problem(
                             "A field is invalid, or the spec breaks a rule across fields "
-                            "(iterations or epochs, batch sizes, parallelism); `field` "
-                            "names it"
+                            "(iterations or epochs, batch sizes, parallelism) or gives a "
+                            "deadline already past; `field` names it"
                         ),
                         "503": _UNAVAILABLE,
                     },
@@ -232,7 +248,7 @@ def build_openapi(models: Iterable[str] = (), version: str = "0.1.0") -> dict[st
                     "summary": "One job: state, history, placement, progress, pending reason",
                     "operationId": "getJob",
                     "responses": {
-                        "200": _json("The job record", _ref("JobRecord")),
+                        "200": _json("The job record", _ref("JobDetail")),
                         "401": _UNAUTHORIZED,
                         "404": _NOT_FOUND,
                         "503": _UNAVAILABLE,
@@ -242,7 +258,7 @@ def build_openapi(models: Iterable[str] = (), version: str = "0.1.0") -> dict[st
                     "summary": "Cancel a job (the scheduler stops it)",
                     "operationId": "cancelJob",
                     "responses": {
-                        "202": _json("Cancel requested; the record as it was", _ref("JobRecord")),
+                        "202": _json("Cancel requested; the record as it was", _ref("JobDetail")),
                         "401": _UNAUTHORIZED,
                         "404": _NOT_FOUND,
                         "409": _problem("The job has already finished"),
@@ -255,7 +271,7 @@ def build_openapi(models: Iterable[str] = (), version: str = "0.1.0") -> dict[st
                 "get": {
                     "summary": "Follow a job as server-sent events",
                     "description": (
-                        "`event: job` with the current JobRecord first, then `event: state` "
+                        "`event: job` with the current JobDetail first, then `event: state` "
                         "(JobStateEvent) per transition and `event: progress` "
                         "(JobProgressEvent) while it runs; the stream ends after a terminal "
                         "state."

@@ -2,13 +2,59 @@
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 from libs.common.schemas import GpuTelemetry, JobRecord
+from libs.core.lifecycle import JobState
+
+
+class JobDetail(JobRecord, frozen=True, kw_only=True):
+    """A job as the API shows it: the stored record, its deadline and whether the
+    deadline will likely be met (see ``deadline_likely_met``)."""
+
+    #: the spec's deadline, seconds since the epoch (null: none)
+    deadline: float | None = None
+    #: null without a deadline (or before the scheduler's first estimate); a finished
+    #: job: whether it succeeded by its deadline; otherwise whether the scheduler's
+    #: expected end is by the deadline
+    deadline_likely_met: bool | None = None
+
+
+def deadline_likely_met(record: JobRecord, now: float) -> bool | None:
+    """Our rule. A running job meets its deadline when ``now`` + its predicted remaining
+    time is by it; a waiting job when ``now`` + its predicted wait + its run time is,
+    where the wait is at least 0 (so never later than its run time alone from now). The
+    scheduler stores the expected end (``est_end_at``) and the run time still needed
+    (``est_run_s``) of every job with a deadline; a stored end in the past means now."""
+    deadline = record.spec.deadline
+    if deadline is None:
+        return None
+    if record.state.terminal:
+        ended = record.history[-1].at if record.history else math.inf
+        return record.state is JobState.SUCCEEDED and ended <= deadline
+    if now > deadline:
+        return False
+    if record.est_end_at is None:
+        return None
+    end = max(record.est_end_at, now)
+    if record.state.waiting and record.est_run_s is not None:
+        end = max(end, now + record.est_run_s)
+    return end <= deadline
+
+
+def job_detail(record: JobRecord, now: float) -> JobDetail:
+    fields = {name: getattr(record, name) for name in record.__struct_fields__}
+    return JobDetail(
+        **fields,
+        deadline=record.spec.deadline,
+        deadline_likely_met=deadline_likely_met(record, now),
+    )
 
 
 class JobList(msgspec.Struct, frozen=True):
-    jobs: list[JobRecord]
+    jobs: list[JobDetail]
     #: pass as ``after`` for the next page; null on the last page
     next: str | None
 

@@ -42,6 +42,7 @@ from services.cli.live import register as register_live_commands
 from services.cli.serve import register as register_service_commands
 from services.scheduler.policies import POLICIES, UnknownPolicyError, make_policy
 from services.scheduler.report import output_problem, summary_table, write_outputs
+from services.scheduler.report_html import RunInfo
 from services.scheduler.results import SimResult
 from services.scheduler.runner import (
     SYNTHETIC_PREFIX,
@@ -102,6 +103,7 @@ _DATA_DIR_HELP = (
 
 @app.command()
 def simulate(
+    context: typer.Context,
     out: Annotated[Path, typer.Option(help="Folder for summary.json, jobs.csv and plots.")],
     trace: Annotated[
         str | None, typer.Option(help=f"Trace file, or {SYNTHETIC_PREFIX}N for N generated jobs.")
@@ -291,7 +293,8 @@ def simulate(
     }
     if opt_bound:
         settings["opt_bound"] = True
-    _write(out_console, err_console, results, out, settings)
+    run = RunInfo.from_context(context, cluster=built, policies=names, notes=workload.notes)
+    _write(out_console, err_console, results, out, settings, run)
 
 
 def _write(
@@ -300,9 +303,10 @@ def _write(
     results: list[SimResult],
     out: Path,
     settings: dict[str, object],
+    run: RunInfo | None = None,
 ) -> None:
     try:
-        paths = write_outputs(results, out, settings)
+        paths = write_outputs(results, out, settings, run)
     except OSError as exc:
         _fail(err_console, f"cannot write outputs to {out}: {exc.strerror or exc}")
     names = ", ".join(p.name for p in paths)

@@ -77,6 +77,7 @@ from services.scheduler.state import (
     ScaledModel,
     build_snapshot,
     consolidated_nodes,
+    finish_estimates,
 )
 
 log = structlog.get_logger("gpusched.scheduler")
@@ -817,6 +818,10 @@ class LiveScheduler(Actor[Message]):
         for view in snapshot.pending:
             if view.job_id not in started_ids:
                 await self._explain(self.jobs[view.job_id], decision.why(view.job_id))
+        for job_id, (end, run_s) in finish_estimates(snapshot, started_ids).items():
+            estimated = self.jobs.get(job_id)
+            if estimated is not None:
+                await self._estimate(estimated, end, run_s)
         self.wake_at = decision.wake_at
         if decision.starts or decision.preemptions or decision.resizes:
             summary = DecisionSummary(
@@ -849,6 +854,17 @@ class LiveScheduler(Actor[Message]):
     async def _explain(self, job: LiveJob, reason: str) -> None:
         if job.record.pending_reason != reason and not job.record.state.terminal:
             await self._write(job, replace(job.record, pending_reason=reason))
+
+    async def _estimate(self, job: LiveJob, end: float, run_s: float) -> None:
+        """Store when a job with a deadline is expected to finish, when that moved by more
+        than 5 % of the time left to it (a record write per job and round otherwise)."""
+        record = job.record
+        old = record.est_end_at
+        if record.state.terminal or (
+            old is not None and abs(end - old) <= 0.05 * max(end - time.time(), 0.0)
+        ):
+            return
+        await self._write(job, replace(record, est_end_at=end, est_run_s=run_s))
 
     async def _explain_all(self, reason: str) -> None:
         for job in self.jobs.values():

@@ -22,6 +22,7 @@ from matplotlib.figure import Figure
 from rich import box
 from rich.table import Table
 
+from services.scheduler.report_html import REPORT_FILE, RunInfo, write_report_html
 from services.scheduler.results import JobOutcome, SimResult, TimelinePoint
 
 SUMMARY_FILE = "summary.json"
@@ -29,7 +30,9 @@ JOBS_FILE = "jobs.csv"
 JCT_CDF_FILE = "jct_cdf.png"
 GPU_UTIL_FILE = "gpu_util.png"
 QUEUE_FILE = "queue_length.png"
-OUTPUT_FILES = (SUMMARY_FILE, JOBS_FILE, JCT_CDF_FILE, GPU_UTIL_FILE, QUEUE_FILE)
+#: each plot's title in report.html
+PLOT_FILES = {"JCT CDF": JCT_CDF_FILE, "GPU utilisation": GPU_UTIL_FILE, "Queue length": QUEUE_FILE}
+OUTPUT_FILES = (SUMMARY_FILE, JOBS_FILE, JCT_CDF_FILE, GPU_UTIL_FILE, QUEUE_FILE, REPORT_FILE)
 
 JOB_COLUMNS = (
     "policy",
@@ -97,18 +100,22 @@ def write_outputs(
     results: Sequence[SimResult],
     out_dir: str | Path,
     settings: Mapping[str, Any] | None = None,
+    run: RunInfo | None = None,
 ) -> list[Path]:
-    """Write the summary (with the run's ``settings``), per-job CSV and plots into
-    ``out_dir``; return the paths."""
+    """Write the summary (with the run's ``settings``), per-job CSV, plots and the one-file
+    report (with what ``run`` says of the run's options and trace) into ``out_dir``;
+    return the paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary = out / SUMMARY_FILE
-    text = json.dumps(summary_json(results, settings), indent=2, allow_nan=False)
-    summary.write_text(text + "\n")
+    document = summary_json(results, settings)
+    summary.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
     write_jobs_csv(results, out / JOBS_FILE)
     plot_jct_cdf(results, out / JCT_CDF_FILE)
     plot_gpu_util(results, out / GPU_UTIL_FILE)
     plot_queue_length(results, out / QUEUE_FILE)
+    plots = [(title, out / name) for title, name in PLOT_FILES.items()]
+    write_report_html(out / REPORT_FILE, summary_cells(results), document, plots, run)
     return [out / name for name in OUTPUT_FILES]
 
 
@@ -240,6 +247,55 @@ def _save(fig: Figure, path: Path) -> None:
 # ------------------------------------------------------------------------------ table
 
 
+#: the summary table's columns: the header, and the summary.json key a cell shows
+SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("policy", "policy"),
+    ("jobs", "jobs"),
+    ("avg\nJCT", "avg_jct_s"),
+    ("median\nJCT", "p50_jct_s"),
+    ("p99\nJCT", "p99_jct_s"),
+    ("avg\nqueue", "avg_queue_s"),
+    ("make-\nspan", "makespan_s"),
+    ("GPU\nutil", "gpu_util"),
+    ("pre-\nempt", "preemptions"),
+    ("share\npairs", "shared_pairs"),
+    ("wall\ntime", "wall_s"),
+)
+QOS_COLUMN = ("QoS\nmet", "qos_pct")
+
+
+def summary_cells(
+    results: Sequence[SimResult],
+) -> tuple[list[tuple[str, str]], list[list[str]], list[bool]]:
+    """The summary table as text: its columns (see ``SUMMARY_COLUMNS``; the QoS column
+    only when a run had deadlines), one row of cells per policy, and whether each row
+    has the best average JCT."""
+    summaries = [r.summary() for r in results]
+    with_qos = any("qos_pct" in s for s in summaries)
+    columns = [*SUMMARY_COLUMNS, *([QOS_COLUMN] if with_qos else [])]
+    best = min(
+        (s["avg_jct_s"] for s in summaries if math.isfinite(s["avg_jct_s"])), default=math.nan
+    )
+    rows = [
+        [
+            result.policy,
+            _jobs_cell(s),
+            human_duration(s["avg_jct_s"]),
+            human_duration(s["p50_jct_s"]),
+            human_duration(s["p99_jct_s"]),
+            human_duration(s["avg_queue_s"]),
+            human_duration(s["makespan_s"]),
+            f"{100 * s['gpu_util']:.1f}%",
+            str(s["preemptions"]),
+            str(s["shared_pairs"]),
+            human_duration(s["wall_s"]),
+            *([f"{s['qos_pct']:.1f}%" if "qos_pct" in s else "-"] if with_qos else []),
+        ]
+        for result, s in zip(results, summaries, strict=True)
+    ]
+    return columns, rows, [s["avg_jct_s"] == best for s in summaries]
+
+
 def summary_table(results: Sequence[SimResult]) -> Table:
     """One row per policy; the best average JCT is bold."""
     # two-line headers, no vertical rules and collapsed padding: eleven columns of
@@ -252,43 +308,14 @@ def summary_table(results: Sequence[SimResult]) -> Table:
         show_edge=False,
         pad_edge=False,
     )
-    table.add_column("policy", style="cyan", no_wrap=True)
-    for name in (
-        "jobs",
-        "avg\nJCT",
-        "median\nJCT",
-        "p99\nJCT",
-        "avg\nqueue",
-        "make-\nspan",
-        "GPU\nutil",
-        "pre-\nempt",
-        "share\npairs",
-        "wall\ntime",
-    ):
-        table.add_column(name, justify="right", no_wrap=True)
-    summaries = [r.summary() for r in results]
-    with_qos = any("qos_pct" in s for s in summaries)
-    if with_qos:
-        table.add_column("QoS\nmet", justify="right", no_wrap=True)
-    best = min(
-        (s["avg_jct_s"] for s in summaries if math.isfinite(s["avg_jct_s"])), default=math.nan
-    )
-    for result, s in zip(results, summaries, strict=True):
-        avg = human_duration(s["avg_jct_s"])
-        table.add_row(
-            result.policy,
-            _jobs_cell(s),
-            f"[bold]{avg}[/]" if s["avg_jct_s"] == best else avg,
-            human_duration(s["p50_jct_s"]),
-            human_duration(s["p99_jct_s"]),
-            human_duration(s["avg_queue_s"]),
-            human_duration(s["makespan_s"]),
-            f"{100 * s['gpu_util']:.1f}%",
-            str(s["preemptions"]),
-            str(s["shared_pairs"]),
-            human_duration(s["wall_s"]),
-            *([f"{s['qos_pct']:.1f}%" if "qos_pct" in s else "-"] if with_qos else []),
-        )
+    columns, rows, best = summary_cells(results)
+    table.add_column(columns[0][0], style="cyan", no_wrap=True)
+    for header, _ in columns[1:]:
+        table.add_column(header, justify="right", no_wrap=True)
+    for row, is_best in zip(rows, best, strict=True):
+        if is_best:
+            row[2] = f"[bold]{row[2]}[/]"
+        table.add_row(*row)
     return table
 
 

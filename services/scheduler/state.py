@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -251,6 +251,8 @@ def _view(job: LiveJob, as_of: float, **extra: Any) -> JobView:
         allow_sharing=spec.allow_sharing,
         deadline=spec.deadline,
         preemptions=record.preemptions,
+        user=record.tenant,
+        priority=spec.priority,
         **extra,
     )
 
@@ -338,8 +340,10 @@ def build_snapshot(
     running: list[JobView] = []
     pending: list[JobView] = []
     allocations: list[Allocation] = []
+    prioritized = False
     for job in jobs.values():
         record = job.record
+        prioritized = prioritized or record.spec.priority != 0
         if job.holds_gpus:
             gpu_ids = layout.global_ids(record.placement)
             if gpu_ids is None:
@@ -374,4 +378,45 @@ def build_snapshot(
         node_mem_used=host.all_mem(),
         estimates=estimates,
         queue_order=sort.name if sort is not None else "arrival",
+        prioritized=prioritized,
     )
+
+
+def finish_estimates(
+    snapshot: Snapshot, started: Collection[str]
+) -> dict[str, tuple[float, float]]:
+    """Per job with a deadline, running or queued: when it is expected to finish and the
+    run time alone it still needs (seconds, on the snapshot's clock).
+
+    Our estimate: a running job (or one ``started`` now) finishes after its predicted
+    remaining time. A queued job first waits until enough GPUs are free for it, counting
+    the GPUs idle after this decision and those the running jobs free at their predicted
+    ends (jobs queued ahead of it are not counted, so the wait is a lower bound), then
+    runs for its predicted time. A job that no such wait makes room for is left out.
+    """
+    now = snapshot.now
+    with_deadline = [v for v in (*snapshot.running, *snapshot.pending) if v.deadline is not None]
+    if not with_deadline:
+        return {}
+    estimates: dict[str, tuple[float, float]] = {}
+    holders = list(snapshot.running)
+    free = snapshot.free_gpus
+    for view in snapshot.pending:
+        if view.job_id in started:
+            holders.append(view)
+            free -= view.gpus
+    ends = sorted((now + v.remaining_s(now), v.gpus) for v in holders)
+    free = max(0, free)
+    for view in with_deadline:
+        run_s = view.remaining_s(now)
+        if view.running or view.job_id in started:
+            estimates[view.job_id] = (now + run_s, run_s)
+            continue
+        room, ready = free, now
+        for end, gpus in ends:
+            if room >= view.gpus:
+                break
+            room, ready = room + gpus, end
+        if room >= view.gpus:
+            estimates[view.job_id] = (ready + run_s, run_s)
+    return estimates
