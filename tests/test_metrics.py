@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -379,3 +380,42 @@ async def test_a_node_agent_run_alone_serves_dcgm_series_on_its_metrics_port(
         ("solo", emulated_uuid("solo", 0)), ("solo", emulated_uuid("solo", 1))
     }
     assert "gpusched_nodeagent_commands_total" in families
+
+
+async def test_the_gpusched_up_command_prints_its_metrics_address_and_serves_it(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GPUSCHED_STATE_DIR": str(state)}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.cli.main", "up", "--nodes", "1", "--gpus-per-node",
+        "2", "--port", "0", "--metrics-port", "0", "--state-dir", str(state),
+        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )
+    try:
+
+        async def banner() -> str:
+            assert process.stdout is not None
+            # printed once everything is up; reading ends if the command dies first
+            while line := (await process.stdout.readline()).decode():
+                if line.strip().startswith("metrics "):
+                    return line.split()[-1]
+            return ""
+
+        # up to the banner: 2 s measured; the limit is 60 times that
+        url = await asyncio.wait_for(banner(), 120.0)
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
+        async with aiohttp.ClientSession() as session:
+
+            async def reporting() -> dict | None:
+                families = await scrape(session, url)
+                return families if families["DCGM_FI_DEV_GPU_UTIL"][1] else None
+
+            # the first telemetry tick comes within telemetry_s (1 s) of the start
+            families = await wait_until(reporting, timeout_s=TELEMETRY_WAIT_S, every_s=0.2)
+    finally:
+        process.send_signal(signal.SIGINT)
+        await process.wait()
+    assert process.returncode == 0
+    assert {name: kind for name, (kind, _) in families.items()} == documented()
+    assert len(families["DCGM_FI_DEV_GPU_UTIL"][1]) == 2
