@@ -1,5 +1,8 @@
 # One image for every gpusched service; the command picks the service:
-#   docker run gpusched gpusched service scheduler
+#   docker run gpusched:0.1.0-cpu gpusched service scheduler
+# Two builds, tagged <version>-cpu and <version>-cuda (compose.yaml, compose.gpu.yaml):
+#   docker build -t gpusched:0.1.0-cpu .
+#   docker build -t gpusched:0.1.0-cuda --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 .
 FROM python:3.11-slim
 
 WORKDIR /opt/gpusched
@@ -15,6 +18,7 @@ RUN pip install --no-cache-dir .
 
 # Services, and the jobs a node agent starts, run as an unprivileged user; /work (the
 # node agents' checkpoints and job logs) belongs to it, so a volume mounted there does too.
+# compose runs no service as another user (tests/test_compose_monitoring.py checks).
 RUN useradd --create-home --uid 10001 gpusched && mkdir /work && chown gpusched /work
 USER gpusched
 ENV GPUSCHED_LOG_LEVEL=info \

@@ -29,6 +29,11 @@ def load(name: str) -> dict[str, Any]:
     return document
 
 
+def is_gpusched(service: dict[str, Any]) -> bool:
+    """A gpusched service (not nats, Prometheus or Grafana)."""
+    return service.get("command", [""])[0] == "gpusched"
+
+
 #: ${NAME}, ${NAME:-default} or ${NAME:?message}, as compose interpolates them
 _VARIABLE = re.compile(r"\$\{(\w+)(?:(:-|:\?)([^}]*))?\}")
 
@@ -51,6 +56,7 @@ def interpolate(value: object, env: dict[str, str]) -> str:
 #: what an operator puts in .env: one random secret per variable compose requires
 SECRETS = {
     "GPUSCHED_TOKENS": "t0ken=default",
+    "GRAFANA_ADMIN_PASSWORD": "pw-grafana",
     **{natsauth.password_variable(u.name): f"pw-{u.name}" for u in natsauth.compose_users()},
 }
 
@@ -62,7 +68,7 @@ def test_the_compose_file_parses_and_runs_every_service_against_a_healthy_nats()
     assert any(str(v).endswith(":/data") for v in nats["volumes"])
     assert "./compose.nats.conf:/etc/nats/gpusched.conf:ro" in nats["volumes"]
     commanded = {name: s["command"] for name, s in services.items()
-                 if not name.startswith("nats")}
+                 if is_gpusched(s)}
     run = {cmd[2] for cmd in commanded.values()}
     assert run == {s.value for s in ServiceName}
     for name, command in commanded.items():
@@ -77,8 +83,8 @@ def test_the_compose_file_parses_and_runs_every_service_against_a_healthy_nats()
 
 def test_every_service_accepts_the_environment_compose_gives_it():
     services = load("compose.yaml")["services"]
-    for name, service in services.items():
-        if name.startswith("nats"):
+    for service in services.values():
+        if not is_gpusched(service):
             continue
         env = {k: interpolate(v, SECRETS) for k, v in service["environment"].items()}
         kind = service["command"][2]
@@ -135,7 +141,7 @@ def test_every_service_connects_as_its_own_nats_user_of_the_compose_configuratio
     assert set(nats_env) == {natsauth.password_variable(u) for u in users}
     seen = set()
     for name, service in services.items():
-        if name.startswith("nats"):
+        if not is_gpusched(service):
             continue
         env = service["environment"]
         user = env["NATS_USER"]

@@ -29,7 +29,7 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from libs.common import codec, natsauth, subjects
+from libs.common import codec, health, natsauth, subjects
 
 log = structlog.get_logger("gpusched.bus")
 
@@ -112,6 +112,7 @@ async def connect(
     if attempt in done:
         nc = attempt.result()
         client.append(nc)
+        health.watch(nc)  # GPUSCHED_HEALTH_FILE: the container's health check reads it
         return nc
     attempt.cancel()
     with contextlib.suppress(BaseException):
