@@ -30,6 +30,13 @@ class JobSpec:
     user: str = ""
     cpus_per_gpu: float | None = None
     mem_gb_per_gpu: float | None = None
+    #: what the user calls the job (``user3-bert-finetune-v7``) and its data set; both
+    #: optional, read by the size predictor (``libs.core.size_predictor``)
+    name: str = ""
+    dataset: str = ""
+    #: the iterations the user says the job runs (a guess; ``iterations`` is the truth);
+    #: None: the trace gives none
+    declared_iterations: float | None = None
     #: the tenant's own order of its jobs, -1000..1000 (see JobView.priority)
     priority: int = 0
     #: tensor and pipeline parallel degrees; data parallel = gpus / (tensor * pipeline)
@@ -46,6 +53,12 @@ class JobSpec:
         if not 0 < self.iterations < math.inf:
             raise ValueError(
                 f"job {self.job_id}: iterations must be a finite number > 0, got {self.iterations}"
+            )
+        declared = self.declared_iterations
+        if declared is not None and not 0 < declared < math.inf:
+            raise ValueError(
+                f"job {self.job_id}: declared_iterations must be a finite number > 0, "
+                f"got {declared}"
             )
         if self.submit_time < 0:
             raise ValueError(f"job {self.job_id}: submit_time must be >= 0")

@@ -84,6 +84,11 @@ class SimResult:
     max_resident_slowdown: float | None = None
     #: Synergy-OPT's throughput bound over the run, where asked for (see ``OptBounded``)
     opt_bound: Mapping[str, float | int] | None = None
+    #: the error of the sizes the policy was given, where they were predicted
+    #: (``SimConfig.predictor``; see ``libs.core.size_predictor.SubmissionSizes``)
+    prediction: Mapping[str, float | int | str] | None = None
+    #: A-SRPT's Lemma-1 factor over the run's jobs, for a policy that works it out
+    rho: float | None = None
 
     def finished(self) -> list[JobOutcome]:
         return [j for j in self.jobs if j.state == FINISHED]
@@ -115,4 +120,8 @@ class SimResult:
             summary["max_resident_slowdown"] = self.max_resident_slowdown
         if self.opt_bound is not None:
             summary["opt_bound"] = dict(self.opt_bound)
+        if self.prediction is not None:
+            summary["prediction"] = dict(self.prediction)
+        if self.rho is not None:
+            summary["rho"] = self.rho
         return summary

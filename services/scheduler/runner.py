@@ -19,6 +19,8 @@ from libs.core.cluster import Cluster
 from libs.core.groundtruth import SPEED_MODELS, NoisyEstimates, load_performance_model
 from libs.core.jobs import JobSpec
 from libs.core.perf import PerformanceModel
+from libs.core.recurring import recurring_count, recurring_jobs
+from libs.core.size_predictor import PREDICTORS
 from libs.core.traces import LoadedTrace, TraceJob, load_alibaba_nodes, load_trace
 from libs.core.workload import materialize, synthetic
 from services.scheduler.policies import POLICIES, RESIDENT_CAP_POLICIES, make_policy
@@ -130,6 +132,16 @@ def load_workload(
     ``cluster``: a job given a run time takes that long alone there (see `materialize`;
     without a cluster, on 8-GPU nodes)."""
     _check_mix(mix, perf)
+    try:
+        recurring = recurring_count(str(trace))
+        if recurring is not None:
+            n = recurring if limit is None else min(recurring, limit)
+            jobs, line = recurring_jobs(
+                n, perf, seed=seed, arrival_rate_per_h=rate_per_h, cluster=cluster
+            )
+            return Workload(jobs, [line])
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
     count = synthetic_count(str(trace))
     if count is not None:
         n = count if limit is None else min(count, limit)
@@ -207,6 +219,12 @@ def build_models(
     if prediction_error == 0:
         return truth, None  # the simulator then lets the policy see the truth
     return truth, NoisyEstimates(truth, sigma=prediction_error, seed=seed)
+
+
+def check_predictor(predictor: str) -> None:
+    """``--predictor``: the sizes the policies believe (see `SimConfig.predictor`)."""
+    if predictor not in PREDICTORS:
+        raise InputError(f"--predictor {predictor!r}: expected one of {', '.join(PREDICTORS)}")
 
 
 # ---------------------------------------------------------------------------- runs

@@ -23,6 +23,7 @@ from libs.core.jobs import JobSpec
 from libs.core.lifecycle import JobState
 from libs.core.perf import ConvergenceSource, PerformanceModel
 from libs.core.progress import EpochRecord, ProgressPredictor, blended_remaining_iterations
+from libs.core.size_predictor import PREDICTORS, SubmissionSizes
 from libs.core.snapshot import JobView, Snapshot
 from services.scheduler.policies.base import Policy, QueueSort, unschedulable_reason
 from services.scheduler.results import (
@@ -54,8 +55,13 @@ class SimConfig:
     #: call the policy every this many seconds even when nothing happens (a round-based
     #: policy re-plans CPU/memory then); None: only when jobs arrive or finish
     round_s: float | None = None
+    #: the sizes policies believe: "truth", "declared" (the users' figures) or "rf" (a
+    #: random forest learning from the jobs completed so far; see SubmissionSizes)
+    predictor: str = "truth"
 
     def __post_init__(self) -> None:
+        if self.predictor not in PREDICTORS:
+            raise ValueError(f"predictor must be one of {', '.join(PREDICTORS)}")
         if self.restart_overhead_s < 0:
             raise ValueError("restart_overhead_s must be >= 0")
         if self.max_jobs_per_gpu < 1:
@@ -225,6 +231,8 @@ class Simulator:
             if getattr(policy, "predicts_progress", False)
             else None
         )
+        kind = self.config.predictor
+        self.sizes = SubmissionSizes(kind) if kind != "truth" else None
 
     # ---- event plumbing -------------------------------------------------------------
     def _push(self, at: float, kind: int, job_id: str = "", version: int = 0) -> None:
@@ -285,6 +293,8 @@ class Simulator:
     # ---- job lifecycle --------------------------------------------------------------
     def _arrive(self, job_id: str) -> bool:
         spec = self._specs_by_id[job_id]
+        if self.sizes is not None:
+            self.sizes.at_submission(spec)
         if spec.gpus > self.cluster.total_gpus:
             # no placement exists to time it at; decided before any per-GPU work
             job = self.jobs[job_id] = SimJob(spec, math.nan, math.nan)
@@ -368,6 +378,8 @@ class Simulator:
         uses, pulled towards the progress predictor's as it learns from finished jobs
         of the job's data set (an early predictor called long jobs nearly done, and
         such jobs then held their GPUs for hours)."""
+        if self.sizes is not None:
+            return self.sizes.remaining(job.spec.job_id, job.spec.iterations - job.remaining)
         predictor = self._progress
         if predictor is None or not job.history:
             return job.remaining
@@ -474,6 +486,8 @@ class Simulator:
         job.finish_time = self.clock
         self.done += 1
         self._learn_progress(job)
+        if self.sizes is not None:
+            self.sizes.completed(job.spec)
         for other in partners:
             self._settle(other)
             self._retime(other)
@@ -714,6 +728,8 @@ class Simulator:
             decisions=self.decisions,
             timeline=thin(self.timeline, self.config.timeline_points),
             max_resident_slowdown=getattr(self.policy, "max_resident_slowdown", None),
+            prediction=self.sizes.report() if self.sizes is not None else None,
+            rho=getattr(self.policy, "rho", None),
         )
 
 

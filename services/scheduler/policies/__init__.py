@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from services.scheduler.policies.asrpt import Asrpt
 from services.scheduler.policies.base import Policy
 from services.scheduler.policies.genie import Genie
 from services.scheduler.policies.ones import Ones
@@ -21,6 +22,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "genie": Genie,
     "srtf": Srtf,
     "tiresias": Tiresias,
+    "asrpt": Asrpt,
     "sjf-ffs": lambda: SjfBsbf(benefit_test=False, name="sjf-ffs"),
     "sjf-bsbf": SjfBsbf,
     **SYNERGY_POLICIES,
