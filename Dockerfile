@@ -14,7 +14,8 @@ RUN pip install --no-cache-dir --index-url "$TORCH_INDEX" "torch==2.13.0"
 COPY pyproject.toml README.md ./
 COPY libs ./libs
 COPY services ./services
-RUN pip install --no-cache-dir .
+# every extra: the training worker (torch, installed above) and NVML for real GPUs
+RUN pip install --no-cache-dir ".[all]"
 
 # Services, and the jobs a node agent starts, run as an unprivileged user; /work (the
 # node agents' checkpoints and job logs) belongs to it, so a volume mounted there does too.
