@@ -13,7 +13,8 @@ the number of finished jobs has grown by half (and by at least one) since the la
 training, so a long trace trains a logarithmic number of times.
 
 torch is imported on first training, so drivers that never predict progress never pay
-for it.
+for it; without torch (installed by the ``train`` extra) training raises
+``MissingExtraError`` naming the extra.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from libs.core.extras import TRAIN, require
 
 #: a job needs this many epochs done before it gets a prediction (ONES's rule)
 MIN_EPOCHS = 2.0
@@ -126,6 +129,7 @@ class ProgressPredictor:
         return jobs >= self.min_jobs and jobs >= grown
 
     def train(self) -> None:
+        require("torch", TRAIN, "the progress predictor")
         import torch
 
         generator = torch.Generator().manual_seed(self.seed)

@@ -7,8 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from libs.common import settings
 from libs.common.settings import Setting
 
@@ -79,6 +77,8 @@ async def call(
     params: dict[str, str] | None = None,
     extra_headers: dict[str, str] | None = None,
 ) -> Any:
+    import aiohttp  # here, not above: `gpusched decode` and `tap` start without it
+
     headers = {"Accept": "application/json", **(extra_headers or {})}
     if endpoint.token:
         headers["Authorization"] = f"Bearer {endpoint.token}"

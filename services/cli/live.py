@@ -130,10 +130,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(answer, indent=2))
             return
-        table = Table("id", "name", "model", "gpus", "state", "progress", "placement / reason")
-        for job in listed:
-            table.add_row(*_job_row(job))
-        Console().print(table)
+        Console().print(_jobs_table([_job_row(job) for job in listed]))
 
     @app.command()
     def job(
@@ -203,13 +200,6 @@ def _job_id(record: Any) -> str:
     return ""
 
 
-_FINISHED = ("SUCCEEDED", "FAILED", "CANCELLED")
-_DEADLINE_WORDS = {
-    (True, True): "deadline met", (True, False): "deadline missed",
-    (False, True): "deadline likely met", (False, False): "deadline at risk",
-}
-
-
 def _job_row(job: dict[str, Any]) -> tuple[str, ...]:
     spec = job.get("spec", {})
     progress = job.get("progress", {}) or {}
@@ -218,15 +208,24 @@ def _job_row(job: dict[str, Any]) -> tuple[str, ...]:
     placement = ", ".join(
         f"{p['node']}:{','.join(map(str, p['gpus']))}" for p in job.get("placement", [])
     )
-    state = str(job.get("state", ""))
-    met = job.get("deadline_likely_met")
-    if met is not None:  # a job with a deadline: (finished, met) -> words
-        state += ", " + _DEADLINE_WORDS[(state in _FINISHED, bool(met))]
     return (
         str(job.get("id", "")), str(spec.get("name", "")), str(spec.get("model", "")),
-        str(spec.get("gpus", "")), state,
+        str(spec.get("gpus", "")), str(job.get("state", "")),
         f"{done}/{total}" if total else "", placement or str(job.get("pending_reason", "")),
     )
+
+
+def _jobs_table(rows: list[tuple[str, ...]]) -> Table:
+    """The jobs as a table whose ids are never cut or folded, so they can be copied
+    whole; the other columns wrap instead."""
+    table = Table()
+    widest = max((len(row[0]) for row in rows), default=2)
+    table.add_column("id", no_wrap=True, min_width=widest)
+    for header in ("name", "model", "gpus", "state", "progress", "placement / reason"):
+        table.add_column(header)
+    for row in rows:
+        table.add_row(*row)
+    return table
 
 
 async def _tap(nats_url: str, subject: str, count: int) -> None:

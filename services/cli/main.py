@@ -8,61 +8,47 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 from rich.text import Text
 
-from libs.core.cluster import DEFAULT_CPUS_PER_GPU, DEFAULT_HOST_MEM_GB_PER_GPU, Cluster
-from libs.core.jobs import JobSpec
-from libs.core.perf import PerformanceModel, UnknownModelError
-from libs.core.traces import TraceError
-from libs.core.workload import (
-    in_id_range,
-    parse_id_range,
-    parse_mix,
-    parse_slack_range,
-    synergy_count,
-    synergy_jobs,
-    with_deadlines,
-)
+from libs.core.cluster import DEFAULT_CPUS_PER_GPU, DEFAULT_HOST_MEM_GB_PER_GPU
 from services.cli.live import register as register_live_commands
 from services.cli.serve import register as register_service_commands
-from services.scheduler.policies import POLICIES, UnknownPolicyError, make_policy
-from services.scheduler.report import output_problem, summary_table, write_outputs
-from services.scheduler.report_html import RunInfo
-from services.scheduler.results import SimResult
-from services.scheduler.runner import (
-    SYNTHETIC_PREFIX,
-    InputError,
-    ProgressCallback,
-    ProgressFactory,
-    Workload,
-    build_cluster,
-    build_models,
-    check_policies,
-    check_round_s,
-    load_workload,
-    run_policies,
-)
-from services.scheduler.simulator import PolicyViolation, SimConfig
-from services.scheduler.simulator import simulate as run_simulation
-from services.scheduler.synergy_opt import OptBounded
 
-#: mistakes in what the user asked for: shown as one line, exit code 2
-USER_ERRORS = (InputError, TraceError, UnknownPolicyError, UnknownModelError)
+if TYPE_CHECKING:
+    from libs.core.cluster import Cluster
+    from libs.core.jobs import JobSpec
+    from libs.core.perf import PerformanceModel
+    from services.scheduler.results import SimResult
+    from services.scheduler.runner import ProgressCallback, ProgressFactory, Workload
+    from services.scheduler.simulator import SimConfig
+
+# Only what the options themselves need is imported above: the simulator, its policies,
+# numpy, scipy and matplotlib are imported by the commands that use them, so that
+# `gpusched decode` (run once per message by `nats sub --translate`) starts quickly.
+
+
+class UsageError(ValueError):
+    """A mistake in the options, found by the command line itself."""
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Mistakes in what the user asked for: shown as one line, exit code 2."""
+    from libs.core.extras import MissingExtraError
+    from libs.core.perf import UnknownModelError
+    from libs.core.traces import TraceError
+    from services.scheduler.policies import UnknownPolicyError
+    from services.scheduler.runner import InputError
+
+    return (UsageError, InputError, TraceError, UnknownPolicyError, UnknownModelError,
+            MissingExtraError)  # fmt: skip
+
 USAGE_EXIT = 2
 DEFAULT_CLUSTER = "64x8"
 #: below this width rich squeezes the results table into unreadable wrapped cells
@@ -103,10 +89,9 @@ _DATA_DIR_HELP = (
 
 @app.command()
 def simulate(
-    context: typer.Context,
     out: Annotated[Path, typer.Option(help="Folder for summary.json, jobs.csv and plots.")],
     trace: Annotated[
-        str | None, typer.Option(help=f"Trace file, or {SYNTHETIC_PREFIX}N for N generated jobs.")
+        str | None, typer.Option(help="Trace file, or synthetic:N for N generated jobs.")
     ] = None,
     fmt: Annotated[
         TraceFormat | None,
@@ -134,7 +119,8 @@ def simulate(
         typer.Option(
             "--policy",
             "-p",
-            help=f"Policy to run; repeat for several. Default: all ({', '.join(POLICIES)}).",
+            help="Policy to run; repeat for several. Default: all (`gpusched policies` "
+            "lists them).",
         ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed for models, generated jobs and noise.")] = 0,
@@ -232,16 +218,19 @@ def simulate(
             "program per decision with a new set of jobs.",
         ),
     ] = False,
-    predictor: Annotated[
-        str,
-        typer.Option(
-            help="Job sizes the policies see: truth (default), declared (what users say) "
-            "or rf (a random forest trained on the jobs completed so far); summary.json "
-            "then reports the prediction error.",
-        ),
-    ] = "truth",
 ) -> None:
     """Replay a trace under one or more policies; print a table and write outputs."""
+    from libs.core.workload import with_deadlines
+    from services.scheduler.runner import (
+        build_cluster,
+        build_models,
+        check_policies,
+        check_round_s,
+        load_workload,
+        run_policies,
+    )
+    from services.scheduler.simulator import PolicyViolation, SimConfig
+
     out_console, err_console = _consoles()
     try:
         source = _trace_source(trace, synthetic_jobs)
@@ -249,10 +238,8 @@ def simulate(
         job_mix = _parse_mix(mix)
         # fail before a long trace load
         names = check_policies(_policy_names(policy), max_resident_slowdown)
+        names = _with_extras(names, explicit=bool(policy), notes=err_console)
         check_round_s(round_s)
-        from services.scheduler.runner import check_predictor
-
-        check_predictor(predictor)
         _check_out(out)
         built = build_cluster(cluster_spec, data_dir, cpus_per_node, mem_gb_per_node)
         if opt_bound:
@@ -277,9 +264,7 @@ def simulate(
         jobs = workload.jobs
         if slack is not None:
             jobs = with_deadlines(jobs, truth, built, slack, seed)
-        config = SimConfig(
-            restart_overhead_s=restart_overhead, round_s=round_s, predictor=predictor
-        )
+        config = SimConfig(restart_overhead_s=restart_overhead, round_s=round_s)
         with _progress_bars(err_console) as progress:
             results = (_run_bounded if opt_bound else run_policies)(
                 jobs,
@@ -291,12 +276,14 @@ def simulate(
                 progress,
                 max_resident_slowdown=max_resident_slowdown,
             )
-    except USER_ERRORS as exc:
+    except _user_errors() as exc:
         _fail(err_console, str(exc))
     except PolicyViolation as exc:  # a policy bug, not a user mistake: exit 1
         _fail(err_console, f"policy broke a cluster invariant: {exc}", code=1)
     if measured is not None:
         results = [_measured(r, measured) for r in results]
+    from services.scheduler.report import summary_table
+
     out_console.print(summary_table(results))
     settings: dict[str, object] = {
         "cpus_per_node": cpus_per_node,
@@ -306,8 +293,7 @@ def simulate(
     }
     if opt_bound:
         settings["opt_bound"] = True
-    run = RunInfo.from_context(context, cluster=built, policies=names, notes=workload.notes)
-    _write(out_console, err_console, results, out, settings, run)
+    _write(out_console, err_console, results, out, settings)
 
 
 def _write(
@@ -316,10 +302,11 @@ def _write(
     results: list[SimResult],
     out: Path,
     settings: dict[str, object],
-    run: RunInfo | None = None,
 ) -> None:
+    from services.scheduler.report import write_outputs
+
     try:
-        paths = write_outputs(results, out, settings, run)
+        paths = write_outputs(results, out, settings)
     except OSError as exc:
         _fail(err_console, f"cannot write outputs to {out}: {exc.strerror or exc}")
     names = ", ".join(p.name for p in paths)
@@ -329,12 +316,45 @@ def _write(
 @app.command("policies")
 def list_policies() -> None:
     """List the scheduling policies with a one-line description each."""
+    from services.scheduler.policies import POLICIES, make_policy
+
     table = Table(show_header=True, box=None)
     table.add_column("policy", style="cyan", no_wrap=True)
     table.add_column("description")
     for name in POLICIES:
-        table.add_row(name, _first_doc_line(make_policy(name)))
+        table.add_row(name, POLICY_LINES.get(name) or _first_doc_line(make_policy(name)))
     Console().print(table)
+
+
+#: one line per policy for `gpusched policies`; several policies are one class with other
+#: settings (sjf-ffs and sjf-bsbf, the synergy-* orders), so a docstring cannot tell them
+#: apart. A policy missing here shows its class docstring's first line.
+POLICY_LINES = {
+    "fifo": "First come, first served; the head of the queue blocks the rest.",
+    "fifo-backfill": "First come, first served with backfilling: a later job that fits "
+    "the idle GPUs starts.",
+    "sjf": "Shortest predicted job first, non-preemptive, skipping jobs that do not fit.",
+    "edf": "Earliest deadline first, non-preemptive, skipping jobs that do not fit; jobs "
+    "without a deadline last.",
+    "genie": "GENIE: shortest waiting allowance before the deadline first, fastest free "
+    "placement (our design from the paper's abstract).",
+    "srtf": "Shortest remaining time first, preemptive, with oracle sizes (a simulator-only "
+    "baseline).",
+    "tiresias": "Tiresias 2D-LAS: preemptive, least attained GPU service first, in "
+    "discretised queues.",
+    "sjf-ffs": "SJF with first-fit sharing: a job that finds no idle GPUs shares GPUs "
+    "holding one job whenever memory fits, without the benefit test.",
+    "sjf-bsbf": "SJF, best sharing benefit first: a job shares GPUs holding one job only "
+    "when that lowers the pair's mean completion time.",
+    "synergy-fifo": "Synergy-TUNE in FIFO order: CPUs and memory by sensitivity, never "
+    "below anyone's fair share.",
+    "synergy-srtf": "Synergy-TUNE in oracle shortest-remaining-time order: CPUs and memory "
+    "by sensitivity, never below anyone's fair share.",
+    "synergy-las": "Synergy-TUNE in least-attained-service order: CPUs and memory by "
+    "sensitivity, never below anyone's fair share.",
+    "ones": "ONES: each job's GPU count and batch chosen by an online genetic search (its "
+    "progress predictor needs torch: the train extra).",
+}
 
 
 def _first_doc_line(obj: object) -> str:
@@ -347,12 +367,14 @@ def _first_doc_line(obj: object) -> str:
 
 
 def _trace_source(trace: str | None, synthetic_jobs: int | None) -> str:
+    from services.scheduler.runner import SYNTHETIC_PREFIX
+
     if trace is not None and synthetic_jobs is not None:
-        raise InputError("give --trace or --synthetic, not both")
+        raise UsageError("give --trace or --synthetic, not both")
     if synthetic_jobs is not None:
         return f"{SYNTHETIC_PREFIX}{synthetic_jobs}"
     if trace is None:
-        raise InputError(f"give --trace PATH (or {SYNTHETIC_PREFIX}N) or --synthetic N")
+        raise UsageError(f"give --trace PATH (or {SYNTHETIC_PREFIX}N) or --synthetic N")
     return trace
 
 
@@ -360,6 +382,9 @@ def _synergy_workload(
     source: str, perf: PerformanceModel, seed: int, rate: float, multigpu: bool, cluster: Cluster
 ) -> Workload | None:
     """Synergy's generated workload for ``synergy:N``, None for any other trace."""
+    from libs.core.workload import synergy_count, synergy_jobs
+    from services.scheduler.runner import Workload
+
     try:
         count = synergy_count(source)
         if count is None:
@@ -368,7 +393,7 @@ def _synergy_workload(
             count, perf, seed=seed, arrival_rate_per_h=rate, multigpu=multigpu, cluster=cluster
         )
     except ValueError as exc:
-        raise InputError(str(exc)) from None
+        raise UsageError(str(exc)) from None
     return Workload(jobs, [note])
 
 
@@ -376,7 +401,7 @@ def _check_opt_bound(cluster: Cluster) -> None:
     cpus = sum(n.cpus for n in cluster.nodes)
     mem = sum(n.host_mem_gb for n in cluster.nodes)
     if not (cpus > 0 and mem > 0):
-        raise InputError(
+        raise UsageError(
             f"--opt-bound divides the cluster's CPUs and host memory, and it has "
             f"{cpus:g} CPUs and {mem:g} GB; give nodes some (--cpus-per-node, --mem-gb-per-node)"
         )
@@ -394,6 +419,12 @@ def _run_bounded(
 ) -> list[SimResult]:
     """`run_policies`, with each policy wrapped in `OptBounded` and the bound over the
     run added to its result."""
+    from dataclasses import replace
+
+    from services.scheduler.policies import make_policy
+    from services.scheduler.simulator import simulate as run_simulation
+    from services.scheduler.synergy_opt import OptBounded
+
     results = []
     for name in names:
         bounded = OptBounded(make_policy(name, max_resident_slowdown=max_resident_slowdown))
@@ -404,47 +435,81 @@ def _run_bounded(
 
 
 def _measure_ids(spec: str | None) -> range | None:
+    from libs.core.workload import parse_id_range
+
     try:
         return None if spec is None else parse_id_range(spec)
     except ValueError as exc:
-        raise InputError(f"--measure-ids: {exc}") from None
+        raise UsageError(f"--measure-ids: {exc}") from None
 
 
 def _slack(spec: str | None) -> tuple[float, float] | None:
+    from libs.core.workload import parse_slack_range
+
     try:
         return None if spec is None else parse_slack_range(spec)
     except ValueError as exc:
-        raise InputError(f"--deadlines: {exc}") from None
+        raise UsageError(f"--deadlines: {exc}") from None
 
 
 def _measured(result: SimResult, ids: range) -> SimResult:
+    from dataclasses import replace
+
+    from libs.core.workload import in_id_range
+
     return replace(result, jobs=tuple(j for j in result.jobs if in_id_range(j.job_id, ids)))
 
 
 def _cluster_spec(cluster: str | None, nodes_file: Path | None) -> str:
     if nodes_file is not None and cluster is not None:
-        raise InputError("give --cluster or --nodes-file, not both")
+        raise UsageError("give --cluster or --nodes-file, not both")
     if nodes_file is not None:
         if not nodes_file.is_file():
-            raise InputError(f"node list not found: {nodes_file}")
+            raise UsageError(f"node list not found: {nodes_file}")
         return str(nodes_file)
     return cluster or DEFAULT_CLUSTER
 
 
 def _check_out(out: Path) -> None:
     # before any run: an unusable folder would otherwise be found only after all of them
+    from services.scheduler.report import output_problem
+
     problem = output_problem(out)
     if problem:
-        raise InputError(f"--out {out}: {problem}")
+        raise UsageError(f"--out {out}: {problem}")
 
 
 def _parse_mix(mix: str | None) -> dict[str, float] | None:
     if mix is None:
         return None
+    from libs.core.workload import parse_mix
+
     try:
         return parse_mix(mix)
     except ValueError as exc:
-        raise InputError(f"--mix: {exc}") from None
+        raise UsageError(f"--mix: {exc}") from None
+
+
+def _with_extras(names: list[str], explicit: bool, notes: Console) -> list[str]:
+    """The policies whose optional dependencies are installed. A policy named with
+    --policy that lacks one stops the run before the trace loads (`MissingExtraError`
+    names the extra); one that only came with the default list of all is left out,
+    with a note."""
+    from libs.core.extras import TRAIN, MissingExtraError, require
+    from services.scheduler.policies import make_policy
+
+    kept = []
+    for name in names:
+        try:
+            if getattr(make_policy(name), "predicts_progress", False):
+                require("torch", TRAIN, f"policy {name} (its progress predictor)")
+        except MissingExtraError as exc:
+            if explicit:
+                raise
+            notes.print(Text(f"left out: {exc}", style="dim"), soft_wrap=True)
+            continue
+        kept.append(name)
+    return kept
 
 
 def _policy_names(policy: list[str] | None) -> list[str]:
@@ -468,6 +533,14 @@ def _progress_bars(console: Console) -> Iterator[ProgressFactory | None]:
     if not console.is_terminal:
         yield None
         return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     columns = (
         TextColumn("{task.description:>10}"),
         BarColumn(),

@@ -11,8 +11,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from services.scheduler.policies import POLICIES
-
 
 class ServiceName(StrEnum):
     admission = "admission"
@@ -34,7 +32,7 @@ def register(app: typer.Typer) -> None:
         gpu_model: Annotated[str, typer.Option(help="Emulated GPU, e.g. V100-32GB.")] = (
             "V100-32GB"
         ),
-        policy: Annotated[str, typer.Option(help=f"One of: {', '.join(POLICIES)}.")] = (
+        policy: Annotated[str, typer.Option(help="One of `gpusched policies`.")] = (
             "sjf-bsbf"
         ),
         host: Annotated[str, typer.Option(help="Address the HTTP API listens on.")] = (
@@ -80,7 +78,7 @@ def register(app: typer.Typer) -> None:
         from libs.common.logging import configure_logging
         from services.cli.client import up_file
         from services.cli.up import LocalCluster, UpConfig
-        from services.scheduler.policies import UnknownPolicyError
+        from services.scheduler.policies import POLICIES, UnknownPolicyError
 
         err = Console(stderr=True)
         try:
