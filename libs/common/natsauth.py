@@ -117,6 +117,9 @@ def admission() -> Permissions:
             *_update_stores(),
             *_read_bucket(subjects.JOBS_BUCKET),
             *_read_bucket(subjects.NODES_BUCKET),
+            # the dashboard: who leads (the lease) and what the leader says of itself
+            *_read_bucket(subjects.LEASE_BUCKET),
+            f"{P}.scheduler.*.status",
             *(p for b in ADMISSION_BUCKETS for p in _own_bucket(b)),
             *_consume(kv_stream(subjects.JOBS_BUCKET)),
             *_consume(kv_stream(subjects.NODES_BUCKET)),
@@ -125,6 +128,7 @@ def admission() -> Permissions:
             subjects.ALL_JOB_STATES,
             subjects.ALL_JOB_PROGRESS,
             subjects.ALL_TELEMETRY,
+            f"{P}.scheduler.*.decision",
         ),
     )
 

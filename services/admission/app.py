@@ -63,9 +63,16 @@ KEEPALIVE_S = 15.0
 SYNC_TIMEOUT_S = 10.0
 #: progress events an event stream buffers for a slow reader before dropping them
 MAX_BUFFERED_PROGRESS = 256
-#: routes anyone may call
-PUBLIC_ROUTES = frozenset({"/healthz", "/metrics", "/openapi.json"})
+#: routes anyone may call (the dashboard's page and its assets hold no data)
+PUBLIC_ROUTES = frozenset(
+    {"/healthz", "/metrics", "/openapi.json", "/", "/dashboard.js", "/dashboard.css"}
+)
 LIST_PARAMETERS = frozenset({"state", "limit", "after"})
+EVENT_STREAM_HEADERS = {
+    hdrs.CONTENT_TYPE: "text/event-stream",
+    hdrs.CACHE_CONTROL: "no-cache",
+    "X-Accel-Buffering": "no",
+}
 
 TENANT = web.RequestKey("tenant", str)
 
@@ -91,6 +98,9 @@ def make_app(
     app = web.Application(middlewares=[api.middleware], client_max_size=config.max_body_bytes)
     app[API] = api
     api.add_routes(app.router)
+    from services.admission.dashboard import Dashboard  # it builds on this module
+
+    Dashboard(api).add_routes(app.router)
     app.cleanup_ctx.append(api.background)
     app.on_shutdown.append(api.end_streams)
     return app
@@ -512,13 +522,7 @@ class AdmissionApi:
         self.metrics.event_streams.inc()
         try:
             record = await self._owned(request)
-            response = web.StreamResponse(
-                headers={
-                    hdrs.CONTENT_TYPE: "text/event-stream",
-                    hdrs.CACHE_CONTROL: "no-cache",
-                    "X-Accel-Buffering": "no",
-                }
-            )
+            response = web.StreamResponse(headers=EVENT_STREAM_HEADERS)
             await response.prepare(request)
             with contextlib.suppress(ConnectionResetError, ClientConnectionResetError):
                 await self._stream(response, record, queue)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 
 import msgspec
 import structlog
@@ -163,6 +163,15 @@ class JobIndex:
                 return jobs, jobs[-1].id
             jobs.append(record)
         return jobs, None
+
+    def records_after(self, tenant: str, after: str) -> Iterator[bytes]:
+        """The stored records of the tenant's jobs with ids above ``after``, in id order,
+        as MessagePack bytes."""
+        ids = self._ids_by_tenant.get(tenant, [])
+        for job_id in ids[bisect.bisect_right(ids, after):]:
+            data = self._entries[job_id][1]
+            if data is not None:
+                yield data
 
     def placed(self) -> Iterable[tuple[str, list[Placement]]]:
         """(job id, placement) of every unfinished job placed on GPUs."""
