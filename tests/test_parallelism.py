@@ -3,11 +3,16 @@ the FreeGpus adapter, the ground truth, traces, the simulator and admission."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from libs.common.schemas import JobSpec as WireJobSpec
 from libs.core.cluster import Cluster, Node
+from libs.core.jobs import JobSpec
 from libs.core.parallelism import (
     ACTIVATION_FRACTION,
     LAYERS,
@@ -23,6 +28,10 @@ from libs.core.parallelism import (
 from libs.core.placement import FreeGpus
 from libs.core.profiles.builtin import load_builtin
 from libs.core.snapshot import Snapshot
+from libs.core.traces import TraceError, TraceJob, load_trace, write_native
+from libs.core.workload import materialize
+from services.admission.problems import ProblemError
+from services.admission.specs import total_iterations
 from tests.builders import TablePerf
 
 PROFILES, NETWORK = load_builtin()
@@ -194,3 +203,110 @@ def test_traffic_is_heaviest_for_tensor_groups() -> None:
     assert isinstance(flows, Traffic)
     assert flows.tensor_mb > flows.data_mb > 0
     assert flows.tensor_mb > flows.pipeline_mb > 0
+
+
+def test_the_ground_truth_times_a_parallel_job_by_its_servers_not_their_names() -> None:
+    from libs.core.groundtruth import ProfilePerformanceModel
+
+    truth = ProfilePerformanceModel.builtin()
+    degrees = Degrees(2, 2, 2)
+    here = truth.parallel_iteration_time("bert", 64, degrees, (3, 3, 3, 3, 5, 5, 5, 5))
+    there = truth.parallel_iteration_time("bert", 64, degrees, (0, 0, 0, 0, 1, 1, 1, 1))
+    assert (
+        here
+        == there
+        == iteration_time_at(PROFILES["bert"], NETWORK, 64, degrees, (0, 0, 0, 0, 1, 1, 1, 1))
+    )
+    # gradient accumulation never makes an iteration of the global batch faster
+    assert truth.parallel_iteration_time("bert", 64, degrees, (0,) * 8, 2) > (
+        truth.parallel_iteration_time("bert", 64, degrees, (0,) * 8)
+    )
+
+
+def _run_alone(cluster: Cluster, job: JobSpec) -> float:
+    from libs.core.groundtruth import ProfilePerformanceModel
+    from services.scheduler.policies import make_policy
+    from services.scheduler.simulator import simulate
+
+    result = simulate(cluster, [job], make_policy("fifo"), ProfilePerformanceModel.builtin())
+    (outcome,) = result.jobs
+    assert outcome.state == "finished", outcome.reason
+    assert outcome.finish_time is not None
+    return outcome.finish_time - outcome.submit_time
+
+
+def test_a_simulated_2x2x2_job_finishes_and_is_slower_spread_than_consolidated() -> None:
+    from libs.core.groundtruth import ProfilePerformanceModel
+
+    truth = ProfilePerformanceModel.builtin()
+    job = JobSpec("j", 0.0, "gpt2", 8, 16, 100.0, tensor_parallel=2, pipeline_parallel=2)
+    one_server = _run_alone(Cluster.uniform(1, 8), job)
+    four_servers = _run_alone(Cluster.uniform(4, 2), job)
+    eight_servers = _run_alone(Cluster.uniform(8, 1), job)
+    degrees = Degrees(2, 2, 2)
+    assert one_server == pytest.approx(
+        100 * truth.parallel_iteration_time("gpt2", 16, degrees, (0,) * 8)
+    )
+    # on 2-GPU servers the mapper keeps each tensor group inside one: only pipeline and
+    # data traffic cross
+    assert four_servers == pytest.approx(
+        100 * truth.parallel_iteration_time("gpt2", 16, degrees, (0, 0, 1, 1, 2, 2, 3, 3))
+    )
+    assert one_server < four_servers < eight_servers
+    # the same GPUs without tensor and pipeline parallelism take the data-parallel time
+    plain = _run_alone(Cluster.uniform(1, 8), JobSpec("j", 0.0, "gpt2", 8, 16, 100.0))
+    assert plain == pytest.approx(100 * truth.iteration_time("gpt2", 16, 8, 1))
+    assert plain != pytest.approx(one_server)
+
+
+def test_a_job_spec_refuses_degrees_that_do_not_divide_its_gpus() -> None:
+    with pytest.raises(ValueError, match="must divide gpus 6"):
+        JobSpec("j", 0.0, "gpt2", 6, 16, 1.0, tensor_parallel=4)
+    with pytest.raises(ValueError, match="pipeline_parallel must be >= 1"):
+        JobSpec("j", 0.0, "gpt2", 4, 16, 1.0, pipeline_parallel=0)
+    assert JobSpec("j", 0.0, "gpt2", 8, 16, 1.0, pipeline_parallel=4).degrees == Degrees(2, 1, 4)
+
+
+def test_trace_degrees_round_trip_and_a_bad_one_is_named(tmp_path: Path) -> None:
+    rows = [
+        TraceJob("a", 0.0, 8, "gpt2", 16, iterations=10, tensor_parallel=2, pipeline_parallel=2),
+        TraceJob("b", 5.0, 4, "bert", 32, iterations=20),
+    ]
+    for name in ("t.csv", "t.jsonl"):
+        path = tmp_path / name
+        write_native(path, rows)
+        loaded = load_trace(path, "native").jobs
+        assert [(j.tensor_parallel, j.pipeline_parallel) for j in loaded] == [(2, 2), (1, 1)]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("submit_time,gpus,iterations,tensor_parallel\n0,6,10,4\n")
+    with pytest.raises(TraceError, match=r"bad.csv:2: field 'tensor_parallel'.*divide gpus 6"):
+        load_trace(bad, "native")
+
+
+def test_a_parallel_job_given_a_run_time_takes_exactly_that_time_alone() -> None:
+    from libs.core.groundtruth import ProfilePerformanceModel
+
+    cluster = Cluster.uniform(4, 2)
+    trace = [TraceJob("a", 0.0, 8, "gpt2", 16, duration_s=3600.0, tensor_parallel=2)]
+    (job,) = materialize(trace, ProfilePerformanceModel.builtin(), seed=0, cluster=cluster)
+    assert job.tensor_parallel == 2
+    assert _run_alone(cluster, job) == pytest.approx(3600.0)
+
+
+def test_admission_refuses_degrees_whose_product_is_not_the_gpu_count_naming_the_field() -> None:
+    base = {"name": "x", "model": "gpt2", "batch_size": 16, "iterations": 10}
+    refusals = [
+        ({"gpus": 8, "tensor_parallel": 2, "data_parallel": 2}, "data_parallel"),
+        ({"gpus": 6, "tensor_parallel": 4}, "tensor_parallel"),
+        ({"gpus": 6, "pipeline_parallel": 4}, "pipeline_parallel"),
+    ]
+    for fields, field in refusals:
+        spec = msgspec.convert(base | fields, WireJobSpec)
+        with pytest.raises(ProblemError) as refused:
+            total_iterations(spec, {"gpt2"})
+        assert refused.value.status == 422
+        assert refused.value.field == field
+    fine = msgspec.convert(
+        base | {"gpus": 8, "tensor_parallel": 2, "pipeline_parallel": 2}, WireJobSpec
+    )
+    assert total_iterations(fine, {"gpt2"}) == 10

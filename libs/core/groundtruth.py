@@ -24,11 +24,12 @@ model is immutable after construction and these calls sit on the simulator's hot
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from libs.core.convergence import Convergence, convergence_models
 from libs.core.estimates import NoisyEstimates
+from libs.core.parallelism import Degrees, iteration_time_at
 from libs.core.perf import CpuMemDemand, UnknownModelError, demand_on_node
 from libs.core.profiles.builtin import (
     FAIR_CPUS_PER_GPU,
@@ -90,6 +91,7 @@ class ProfilePerformanceModel:
         "_iter_cache",
         "_mem_cache",
         "_network",
+        "_parallel_cache",
         "_pollux",
         "_profiles",
         "_slow_cache",
@@ -119,6 +121,7 @@ class ProfilePerformanceModel:
         self._gavel = gavel
         self._synergy = synergy
         self._iter_cache: dict[tuple[str, int, int, int, int], float] = {}
+        self._parallel_cache: dict[tuple[str, int, Degrees, tuple[int, ...], int], float] = {}
         self._slow_cache: dict[tuple[str, int, int, int, str, int, int, int], float] = {}
         self._mem_cache: dict[tuple[str, float], float] = {}
         self._speed_cache: dict[tuple[str, int, float, float], float] = {}
@@ -250,6 +253,31 @@ class ProfilePerformanceModel:
             return p.compute_s(batch) + sync, sync
         step, sync = measured
         return max(step, sync + MIN_COMPUTE_S), sync
+
+    def parallel_iteration_time(
+        self,
+        model: str,
+        batch_size: int,
+        degrees: Degrees,
+        node_of_rank: Sequence[int],
+        accum_steps: int = 1,
+    ) -> float:
+        """Seconds per iteration of a job of data, tensor and pipeline parallel
+        ``degrees`` with rank r on server ``node_of_rank[r]``: the analytic model of
+        ``libs.core.parallelism`` over the built-in profile (research profiles measure
+        data-parallel jobs only, so they are not read here)."""
+        first_seen: dict[int, int] = {}
+        shape = tuple(first_seen.setdefault(n, len(first_seen)) for n in node_of_rank)
+        key = (model, batch_size, degrees, shape, accum_steps)
+        try:
+            return self._parallel_cache[key]
+        except KeyError:
+            pass
+        value = iteration_time_at(
+            self.profile(model), self._network, batch_size, degrees, shape, accum_steps
+        )
+        self._parallel_cache[key] = value
+        return value
 
     # ----------------------------------------------------------------- co-location
 

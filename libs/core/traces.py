@@ -46,6 +46,8 @@ NATIVE_FIELDS = (
     "cpus_per_gpu",
     "mem_gb_per_gpu",
     "priority",
+    "tensor_parallel",
+    "pipeline_parallel",
 )
 #: Largest time a trace may state, in seconds (about 317 years; Philly spans one). Near
 #: 1e20 s two neighbouring floats are hours apart, so a short job there would end at the
@@ -87,6 +89,9 @@ class TraceJob:
     line: int = 0
     #: the tenant's own order of its jobs, -1000..1000 (see ``libs.core.jobs.JobSpec``)
     priority: int = 0
+    #: tensor and pipeline parallel degrees (their product divides ``gpus``)
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -101,6 +106,12 @@ class TraceJob:
             raise ValueError(f"trace job {self.job_id}: iterations must be >= 1")
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"trace job {self.job_id}: batch_size must be >= 1")
+        if self.tensor_parallel < 1 or self.pipeline_parallel < 1:
+            raise ValueError(f"trace job {self.job_id}: parallel degrees must be >= 1")
+        if self.gpus % (self.tensor_parallel * self.pipeline_parallel):
+            raise ValueError(
+                f"trace job {self.job_id}: tensor_parallel x pipeline_parallel must divide gpus"
+            )
 
 
 @dataclass
@@ -248,6 +259,8 @@ def _shifted(j: TraceJob, t0: float) -> TraceJob:
         j.mem_gb_per_gpu,
         j.line,
         j.priority,
+        j.tensor_parallel,
+        j.pipeline_parallel,
     )
 
 
@@ -673,9 +686,27 @@ def _native_row(line: int, row: Mapping[str, object]) -> TraceJob:
         mem_gb_per_gpu=(
             _float(row, "mem_gb_per_gpu", positive=True) if "mem_gb_per_gpu" in row else None
         ),
+        **_degrees(row),
         line=line,
         priority=_int(row, "priority", minimum=-1000, maximum=1000) if "priority" in row else 0,
     )
+
+
+def _degrees(row: Mapping[str, object]) -> dict[str, int]:
+    """The optional tensor and pipeline parallel degrees; their product divides gpus."""
+    degrees = {name: _int(row, name) if name in row else 1 for name in _DEGREES}
+    model_parallel = degrees["tensor_parallel"] * degrees["pipeline_parallel"]
+    if _int(row, "gpus") % model_parallel:
+        field = "tensor_parallel" if "tensor_parallel" in row else "pipeline_parallel"
+        raise _BadField(
+            field,
+            f"tensor_parallel x pipeline_parallel = {model_parallel} does not divide "
+            f"gpus {row['gpus']}",
+        )
+    return degrees
+
+
+_DEGREES = ("tensor_parallel", "pipeline_parallel")
 
 
 def _text(row: Mapping[str, object], name: str) -> str:
@@ -733,6 +764,8 @@ def _native_record(job: TraceJob) -> dict[str, object]:
         "cpus_per_gpu": job.cpus_per_gpu,
         "mem_gb_per_gpu": job.mem_gb_per_gpu,
         "priority": job.priority or None,
+        "tensor_parallel": None if job.tensor_parallel == 1 else job.tensor_parallel,
+        "pipeline_parallel": None if job.pipeline_parallel == 1 else job.pipeline_parallel,
     }
 
 

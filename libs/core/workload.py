@@ -17,6 +17,7 @@ from dataclasses import replace
 from libs.core.cluster import Cluster
 from libs.core.groundtruth import SYNERGY_CATEGORIES
 from libs.core.jobs import JobSpec
+from libs.core.parallelism import alone_iteration_time
 from libs.core.perf import PerformanceModel
 from libs.core.traces import TraceJob, write_native
 
@@ -188,7 +189,13 @@ def materialize(
             # not rounded: a whole number of iterations would miss the run time by up
             # to half an iteration, enough to reorder jobs of equal trace durations
             iterations = job.duration_s / iteration_time(model, batch, job.gpus)
-        specs.append(_spec(job, model, batch, iterations))
+        spec = _spec(job, model, batch, iterations)
+        # a (d, t, p) job's run time counts at its own iteration time where the mapper
+        # puts it on ``cluster`` (None: a data-parallel job, or no cluster or model for it)
+        parallel = None if cluster is None else alone_iteration_time(perf, cluster, spec)
+        if parallel is not None and job.duration_s is not None:
+            spec = replace(spec, iterations=job.duration_s / parallel)
+        specs.append(spec)
     return specs
 
 
@@ -221,6 +228,8 @@ def _spec(job: TraceJob, model: str, batch: int, iterations: float) -> JobSpec:
         cpus_per_gpu=job.cpus_per_gpu,
         mem_gb_per_gpu=job.mem_gb_per_gpu,
         priority=job.priority,
+        tensor_parallel=job.tensor_parallel,
+        pipeline_parallel=job.pipeline_parallel,
     )
 
 

@@ -21,6 +21,7 @@ from libs.core.convergence import Convergence, remaining_after_resize
 from libs.core.decision import Decision, Reallocate, Resize, Start, decision_problems
 from libs.core.jobs import JobSpec
 from libs.core.lifecycle import JobState
+from libs.core.parallelism import alone_iteration_time, placed_iteration_time
 from libs.core.perf import ConvergenceSource, PerformanceModel
 from libs.core.progress import EpochRecord, ProgressPredictor, blended_remaining_iterations
 from libs.core.size_predictor import PREDICTORS, SubmissionSizes
@@ -317,7 +318,11 @@ class Simulator:
         placement on this cluster (the reference `materialize` converts run times at)."""
         nodes = self.cluster.fewest_nodes(spec.gpus)
         est = self.estimates.iteration_time(spec.model, spec.batch_size, spec.gpus, nodes)
-        return est, self.truth.iteration_time(spec.model, spec.batch_size, spec.gpus, nodes)
+        true = self.truth.iteration_time(spec.model, spec.batch_size, spec.gpus, nodes)
+        parallel = alone_iteration_time(self.truth, self.cluster, spec)
+        if parallel is not None:  # a (d, t, p) job where the mapper puts it; estimate as off
+            est, true = est * parallel / true, parallel
+        return est, true
 
     def _refuse(self, job: SimJob, reason: str | None) -> bool:
         job.state = JobState.FAILED
@@ -447,7 +452,11 @@ class Simulator:
         spec = job.spec
         truth = self.truth
         nodes = self.cluster.nodes_spanned(job.gpu_ids)
-        alone = truth.iteration_time(spec.model, spec.batch_size, spec.gpus, nodes, job.accum)
+        alone = None
+        if spec.tensor_parallel * spec.pipeline_parallel > 1:  # (d, t, p): by its ranks' servers
+            alone = placed_iteration_time(truth, self.cluster, spec, job.gpu_ids, job.accum)
+        if alone is None:
+            alone = truth.iteration_time(spec.model, spec.batch_size, spec.gpus, nodes, job.accum)
         slowdown = 1.0
         for gpu in job.gpu_ids:
             for other in self.gpu_residents[gpu]:
@@ -600,6 +609,9 @@ class Simulator:
             job.remaining = remaining_after_resize(
                 curve, job.spec.batch_size, job.remaining, batch_size, scale
             )
+        if gpus % (job.spec.tensor_parallel * job.spec.pipeline_parallel):
+            # tensor x pipeline must divide the GPUs; on others the job runs data-parallel
+            job.spec = replace(job.spec, tensor_parallel=1, pipeline_parallel=1)
         job.spec = replace(job.spec, batch_size=batch_size, gpus=gpus)
         job.est_iter, job.exclusive_iter = self._alone_iter(job.spec)
 
