@@ -21,7 +21,7 @@ from tests.builders import TablePerf, cluster, job, pending, running, snapshot
 
 #: the policies that honour priorities (``ones`` is elastic and ignores them)
 ORDERED = [
-    "fifo", "fifo-backfill", "sjf", "edf", "genie", "srtf", "tiresias", "sjf-ffs",
+    "fifo", "fifo-backfill", "sjf", "edf", "genie", "srtf", "tiresias", "asrpt", "sjf-ffs",
     "sjf-bsbf", "synergy-fifo", "synergy-srtf", "synergy-las",
 ]
 

@@ -39,7 +39,12 @@ from functools import partial
 
 from libs.core.decision import Decision
 from libs.core.snapshot import JobView, Snapshot
-from services.scheduler.policies.base import QueueSort, ShapeCache
+from services.scheduler.policies.base import (
+    QueueSort,
+    ShapeCache,
+    by_priority_ranked,
+    has_priorities,
+)
 from services.scheduler.policies.preemptive import Moved, Ranked, decide_by_rank
 
 #: ranks of running jobs that may not be preempted come before every other rank
@@ -135,6 +140,13 @@ class Asrpt:
             pending = ((order.key(j), j) for j in snapshot.pending)
         else:
             pending = sorted((order.key(j), j) for j in snapshot.pending)
+        if has_priorities(snapshot):  # a tenant's ranks by priority (base.by_priority_ranked);
+            # a running job that may not be preempted keeps its rank
+            kept = [r for r in running if r[0][0] == KEEP]
+            contested, pending = by_priority_ranked(
+                [r for r in running if r[0][0] != KEEP], list(pending)
+            )
+            running = kept + contested
         total = snapshot.cluster.total_gpus
 
         def describe(job: JobView) -> str:
