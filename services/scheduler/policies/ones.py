@@ -8,6 +8,10 @@ each changeable job with probability 0.3, every candidate repaired (sizes onto t
 doubling ladder, padded in three passes, laid out contiguously with few moves), and the
 best 16 of the 48 kept. The best individual is applied.
 
+``JobView.priority`` is ignored here (our choice): the search re-plans every job's size
+each generation, so there is no queue order whose places a tenant's priorities could
+refill (docs/architecture.md, Priorities).
+
 Fitness (lower is better) is the predicted remaining GPU-seconds of the jobs:
 ``n x remaining samples / throughput at n``, with remaining samples = remaining iterations
 (``est_remaining_s`` over the estimated iteration time at the job's current shape) x its
