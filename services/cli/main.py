@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from libs.core.cluster import Cluster
     from libs.core.jobs import JobSpec
     from libs.core.perf import PerformanceModel
+    from services.scheduler.report_html import RunInfo
     from services.scheduler.results import SimResult
     from services.scheduler.runner import ProgressCallback, ProgressFactory, Workload
     from services.scheduler.simulator import SimConfig
@@ -89,6 +90,7 @@ _DATA_DIR_HELP = (
 
 @app.command()
 def simulate(
+    context: typer.Context,
     out: Annotated[Path, typer.Option(help="Folder for summary.json, jobs.csv and plots.")],
     trace: Annotated[
         str | None, typer.Option(help="Trace file, or synthetic:N for N generated jobs.")
@@ -293,7 +295,10 @@ def simulate(
     }
     if opt_bound:
         settings["opt_bound"] = True
-    _write(out_console, err_console, results, out, settings)
+    from services.scheduler.report_html import RunInfo
+
+    run = RunInfo.from_context(context, cluster=built, policies=names, notes=workload.notes)
+    _write(out_console, err_console, results, out, settings, run)
 
 
 def _write(
@@ -302,11 +307,12 @@ def _write(
     results: list[SimResult],
     out: Path,
     settings: dict[str, object],
+    run: RunInfo | None = None,
 ) -> None:
     from services.scheduler.report import write_outputs
 
     try:
-        paths = write_outputs(results, out, settings)
+        paths = write_outputs(results, out, settings, run)
     except OSError as exc:
         _fail(err_console, f"cannot write outputs to {out}: {exc.strerror or exc}")
     names = ", ".join(p.name for p in paths)
