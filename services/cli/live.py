@@ -200,6 +200,13 @@ def _job_id(record: Any) -> str:
     return ""
 
 
+_FINISHED = ("SUCCEEDED", "FAILED", "CANCELLED")
+_DEADLINE_WORDS = {
+    (True, True): "deadline met", (True, False): "deadline missed",
+    (False, True): "deadline likely met", (False, False): "deadline at risk",
+}
+
+
 def _job_row(job: dict[str, Any]) -> tuple[str, ...]:
     spec = job.get("spec", {})
     progress = job.get("progress", {}) or {}
@@ -208,9 +215,13 @@ def _job_row(job: dict[str, Any]) -> tuple[str, ...]:
     placement = ", ".join(
         f"{p['node']}:{','.join(map(str, p['gpus']))}" for p in job.get("placement", [])
     )
+    state = str(job.get("state", ""))
+    met = job.get("deadline_likely_met")
+    if met is not None:  # a job with a deadline: (finished, met) -> words
+        state += ", " + _DEADLINE_WORDS[(state in _FINISHED, bool(met))]
     return (
         str(job.get("id", "")), str(spec.get("name", "")), str(spec.get("model", "")),
-        str(spec.get("gpus", "")), str(job.get("state", "")),
+        str(spec.get("gpus", "")), state,
         f"{done}/{total}" if total else "", placement or str(job.get("pending_reason", "")),
     )
 
