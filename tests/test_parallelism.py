@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from libs.common.schemas import JobSpec as WireJobSpec
 from libs.core.cluster import Cluster, Node
+from libs.core.decision import Decision, Start
 from libs.core.jobs import JobSpec
 from libs.core.parallelism import (
     ACTIVATION_FRACTION,
@@ -310,3 +311,49 @@ def test_admission_refuses_degrees_whose_product_is_not_the_gpu_count_naming_the
         base | {"gpus": 8, "tensor_parallel": 2, "pipeline_parallel": 2}, WireJobSpec
     )
     assert total_iterations(fine, {"gpt2"}) == 10
+
+
+class _MapperFifo:
+    """First come, first served, each job placed by FreeGpus.take_parallel."""
+
+    name = "mapper-fifo"
+    preemptive = False
+    queue_sort = None
+
+    def decide(self, snapshot: Snapshot) -> Decision:
+        free = FreeGpus(snapshot)
+        starts = []
+        for job in snapshot.pending:
+            degrees = Degrees.of(job.gpus, job.tensor_parallel, job.pipeline_parallel)
+            gpus = free.take_parallel(degrees)
+            if gpus is None:
+                break
+            starts.append(Start(job.job_id, tuple(gpus)))
+        return Decision(starts=tuple(starts))
+
+
+def test_a_policy_placing_by_the_mapper_runs_a_tensor_parallel_job_faster_than_take() -> None:
+    from libs.core.groundtruth import ProfilePerformanceModel
+    from services.scheduler.policies import make_policy
+    from services.scheduler.simulator import simulate
+
+    truth = ProfilePerformanceModel.builtin()
+    cluster = _cluster([3, 2, 3])
+    job = JobSpec("j", 0.0, "gpt2", 4, 16, 100.0, tensor_parallel=2)
+    # take() fills the two 3-GPU servers largest first, splitting the second tensor
+    # group (servers 0 0 0 2); the mapper keeps both groups whole on the tightest pair of
+    # servers (1 1 0 0: 5 GPUs free there, against 6 on servers 0 and 2)
+    assert map_job(Degrees(2, 2), [3, 2, 3]) == (1, 1, 0, 0)
+    times = {}
+    for policy in (_MapperFifo(), make_policy("fifo")):
+        (outcome,) = simulate(cluster, [job], policy, truth).jobs
+        assert outcome.state == "finished" and outcome.finish_time is not None
+        times[policy.name] = outcome.finish_time
+    degrees = Degrees(2, 2)
+    assert times["mapper-fifo"] == pytest.approx(
+        100 * truth.parallel_iteration_time("gpt2", 16, degrees, (1, 1, 0, 0))
+    )
+    assert times["fifo"] == pytest.approx(
+        100 * truth.parallel_iteration_time("gpt2", 16, degrees, (0, 0, 0, 2))
+    )
+    assert times["mapper-fifo"] < times["fifo"]

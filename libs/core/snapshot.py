@@ -61,6 +61,11 @@ class JobView:
     #: a policy's order (``services.scheduler.policies.base.by_priority``)
     user: str = ""
     priority: int = 0
+    #: tensor and pipeline parallel degrees (``libs.core.parallelism``); data
+    #: parallel = gpus / (tensor x pipeline); a policy places such a job with
+    #: ``FreeGpus.take_parallel``
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
 
     @property
     def running(self) -> bool:

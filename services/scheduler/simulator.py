@@ -370,6 +370,8 @@ class Simulator:
             epoch_s=self._epoch_s(job) if running else None,
             user=spec.user,
             priority=spec.priority,
+            tensor_parallel=spec.tensor_parallel,
+            pipeline_parallel=spec.pipeline_parallel,
         )
 
     @staticmethod
