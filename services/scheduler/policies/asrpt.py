@@ -124,16 +124,21 @@ class Asrpt:
         """Lemma 1's factor over the jobs this policy has started."""
         return self._rho.value
 
-    def _may_preempt(self, job: JobView, remaining_s: float) -> bool:
-        return self.preemptive and self.restart_s <= self.max_restart_share * remaining_s
-
     def decide(self, snapshot: Snapshot) -> Decision:
         now, order = snapshot.now, self._order
         running: list[Ranked] = []
+        # cheapest restart share a victim may have; JobView.remaining_s, inlined (it is
+        # worked out for every running job at every decision)
+        if self.restart_s == 0:
+            floor = 0.0
+        else:
+            floor = self.restart_s / self.max_restart_share if self.max_restart_share else math.inf
+        preemptive = self.preemptive
         for j in snapshot.running:
-            left = j.remaining_s(now)
-            tier = CONTEST if self._may_preempt(j, left) else KEEP
-            running.append(((tier, virtual_work(j, left), j.submit_time, j.job_id), j))
+            left = j.est_remaining_s - (now - j.as_of) * j.progress_rate
+            left = left if left > 0.0 else 0.0
+            tier = CONTEST if preemptive and left >= floor else KEEP
+            running.append(((tier, j.gpus * left, j.submit_time, j.job_id), j))
         running.sort()
         pending: Iterable[Ranked]
         if snapshot.queue_order == order.name:  # already in rank order: keys made lazily

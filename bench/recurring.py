@@ -1,0 +1,122 @@
+"""A-SRPT on a recurring workload: learned sizes against oracle, declared and none.
+
+Generates ``--jobs`` recurring jobs (``libs.core.recurring``) on ``--cluster`` and runs
+asrpt with the random forest (``--predictor rf``), srtf (oracle sizes), asrpt with the
+true sizes (its own oracle), sjf on declared sizes, and tiresias (no sizes). Then varies
+the per-submission noise of the true sizes and prints asrpt's average JCT beside the
+forest's error. Prints the machine-speed figure first.
+
+    python bench/recurring.py [--jobs 400] [--cluster 8x8] [--rate 40] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from speed import print_machine_speed  # bench/ is the script's own directory
+
+from libs.core.cluster import Cluster
+from libs.core.groundtruth import load_performance_model
+from libs.core.jobs import JobSpec
+from libs.core.perf import PerformanceModel
+from libs.core.recurring import RecurringConfig, recurring_jobs
+from services.scheduler.policies import make_policy
+from services.scheduler.results import SimResult
+from services.scheduler.simulator import SimConfig, simulate
+
+#: (label, policy, predictor)
+RUNS = (
+    ("srtf (oracle)", "srtf", "truth"),
+    ("asrpt (oracle)", "asrpt", "truth"),
+    ("asrpt rf", "asrpt", "rf"),
+    ("asrpt declared", "asrpt", "declared"),
+    ("sjf declared", "sjf", "declared"),
+    ("tiresias", "tiresias", "truth"),
+)
+NOISES = (0.05, 0.2, 0.5, 1.0)
+
+
+def run(
+    cluster: Cluster, jobs: list[JobSpec], perf: PerformanceModel, policy: str, predictor: str
+) -> SimResult:
+    return simulate(cluster, jobs, make_policy(policy), perf, config=SimConfig(predictor=predictor))
+
+
+def error_cells(result: SimResult) -> str:
+    p = result.prediction
+    if p is None:
+        return f"{'-':>7} {'-':>6} {'-':>6} {'-':>6}"
+    return (
+        f"{p['mape_pct']:>7.1f} {p['within_10_pct']:>6.1f} {p['within_25_pct']:>6.1f} "
+        f"{p['within_50_pct']:>6.1f}"
+    )
+
+
+def main() -> None:
+    print_machine_speed()
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--jobs", type=int, default=400)
+    parser.add_argument("--cluster", default="8x8")
+    parser.add_argument("--rate", type=float, default=40.0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    cluster = Cluster.parse(args.cluster)
+    perf = load_performance_model(None)
+    jobs, note = recurring_jobs(
+        args.jobs, perf, seed=args.seed, arrival_rate_per_h=args.rate, cluster=cluster
+    )
+    print(note)
+    print(
+        f"{'run':<16} {'avg JCT h':>9} {'p50 h':>6} {'p99 h':>6} {'queue h':>7} {'preempt':>7} "
+        f"{'MAPE %':>7} {'<=10%':>6} {'<=25%':>6} {'<=50%':>6} {'rho':>5} {'wall s':>6}"
+    )
+    for label, policy, predictor in RUNS:
+        result = run(cluster, jobs, perf, policy, predictor)
+        s = result.summary()
+        rho = f"{result.rho:>5.2f}" if result.rho is not None else f"{'-':>5}"
+        print(
+            f"{label:<16} {s['avg_jct_s'] / 3600:>9.2f} {s['p50_jct_s'] / 3600:>6.2f} "
+            f"{s['p99_jct_s'] / 3600:>6.1f} {s['avg_queue_s'] / 3600:>7.2f} "
+            f"{s['preemptions']:>7} {error_cells(result)} {rho} {result.wall_s:>6.1f}",
+            flush=True,
+        )
+    print()
+    print("noise sigma: asrpt's average JCT (h) with each predictor; the forest's and the")
+    print("declared sizes' MAPE (%)")
+    print(
+        f"{'sigma':>5} {'oracle':>7} {'rf':>7} {'declared':>8} {'srtf':>7} {'tiresias':>8} "
+        f"{'rf MAPE':>8} {'decl MAPE':>9}"
+    )
+    for noise in NOISES:
+        varied, _ = recurring_jobs(
+            args.jobs,
+            perf,
+            seed=args.seed,
+            arrival_rate_per_h=args.rate,
+            cluster=cluster,
+            config=RecurringConfig(noise_sigma=noise),
+        )
+        cells = {
+            (policy, predictor): run(cluster, varied, perf, policy, predictor)
+            for policy, predictor in (
+                ("asrpt", "truth"), ("asrpt", "rf"), ("asrpt", "declared"),
+                ("srtf", "truth"), ("tiresias", "truth"),
+            )
+        }  # fmt: skip
+
+        def jct(key: tuple[str, str], cells: dict[tuple[str, str], SimResult] = cells) -> float:
+            return float(cells[key].summary()["avg_jct_s"]) / 3600
+
+        rf, declared = cells[("asrpt", "rf")].prediction, cells[("asrpt", "declared")].prediction
+        assert rf is not None and declared is not None
+        print(
+            f"{noise:>5.2f} {jct(('asrpt', 'truth')):>7.2f} {jct(('asrpt', 'rf')):>7.2f} "
+            f"{jct(('asrpt', 'declared')):>8.2f} {jct(('srtf', 'truth')):>7.2f} "
+            f"{jct(('tiresias', 'truth')):>8.2f} {rf['mape_pct']:>8.1f} "
+            f"{declared['mape_pct']:>9.1f}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
