@@ -83,12 +83,14 @@ async def measure_cpu_profile(
     settings: ProfileSettings | None = None,
 ) -> CpuProfile:
     """Measure ``model`` on ``node`` (whose cores map onto the machine's ``machine``)."""
+    from libs.core.extras import TRAIN, MissingExtraError, require
     from services.nodeagent.worker.catalog import UnknownModelNameError, zoo_model_for
 
     settings = settings or ProfileSettings()
     try:
+        require("torch", TRAIN, "CPU profiling")
         zoo_model_for(model)
-    except UnknownModelNameError as exc:
+    except (UnknownModelNameError, MissingExtraError) as exc:
         raise CpuProfilingError(str(exc)) from None
     points = [
         f"{count}:{','.join(map(str, real_cores(range(count), machine)))}"

@@ -17,6 +17,7 @@ from typing import Any
 import structlog
 
 from libs.common.schemas import GpuInfo, GpuTelemetry
+from libs.core.extras import NVIDIA, missing_message
 
 log = structlog.get_logger("gpusched.nodeagent.gpus")
 
@@ -72,6 +73,8 @@ def read_nvml() -> list[NvmlGpu] | None:
     try:
         import pynvml
     except ImportError:
+        why = missing_message("pynvml", NVIDIA, "reading real NVIDIA GPUs")
+        log.warning("nvml unavailable", error=why)
         return None
     try:
         pynvml.nvmlInit()

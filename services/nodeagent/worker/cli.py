@@ -20,6 +20,7 @@ from pathlib import Path
 
 from libs.common.embedded import free_port
 from libs.common.logging import configure_logging
+from libs.core.extras import TRAIN, MissingExtraError, require
 from libs.sdk import JobContext, JobEnvironmentError
 from libs.sdk.context import FIRST_RANK, RENDEZVOUS, WORLD_SIZE
 from services.nodeagent.worker.catalog import (
@@ -331,7 +332,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(arguments)
     configure_logging()
     try:
+        require("torch", TRAIN, "the training worker")
         return _profile(args) if args.profile else _train(args, arguments)
-    except (JobEnvironmentError, UsageError) as error:
+    except (JobEnvironmentError, UsageError, MissingExtraError) as error:
         print(f"gpusched worker: error: {error}", file=sys.stderr)
         return USAGE_ERROR
