@@ -61,13 +61,18 @@ DATASET_SIZE = "GPUSCHED_DATASET_SIZE"
 BASE_LR = "GPUSCHED_BASE_LR"
 MAX_LR = "GPUSCHED_MAX_LR"
 BASE_BATCH_SIZE = "GPUSCHED_BASE_BATCH_SIZE"
+#: the job's parallelism degrees: data-parallel replicas, tensor-parallel and pipeline
+#: ranks; their product is the job's ranks (rank = (replica * p + stage) * t + tensor)
+DATA_PARALLEL = "GPUSCHED_DATA_PARALLEL"
+TENSOR_PARALLEL = "GPUSCHED_TENSOR_PARALLEL"
+PIPELINE_PARALLEL = "GPUSCHED_PIPELINE_PARALLEL"
 
 #: every variable the node agent sets for a job process (besides CUDA_VISIBLE_DEVICES)
 ENV_VARIABLES = (
     JOB_ID, RUN_ID, MODEL, BATCH_SIZE, ACCUM_STEPS, GPUS, DEVICE, TOTAL_ITERATIONS,
     START_ITERATION, CHECKPOINT_DIR, CHECKPOINT_EVERY, PROGRESS_FILE, NODE, RENDEZVOUS,
     FIRST_RANK, WORLD_SIZE, CPUS, MEM_GB, ALLOCATION_FILE, DATASET_SIZE, BASE_LR, MAX_LR,
-    BASE_BATCH_SIZE,
+    BASE_BATCH_SIZE, DATA_PARALLEL, TENSOR_PARALLEL, PIPELINE_PARALLEL,
 )  # fmt: skip
 #: without these a job cannot run or be tracked, so under gpusched their absence is an error
 REQUIRED_UNDER_GPUSCHED = (
@@ -135,6 +140,10 @@ class JobContext:
     base_lr: float | None = None
     max_lr: float | None = None
     base_batch_size: int | None = None
+    #: parallelism degrees (data_parallel None: the ranks over tensor x pipeline)
+    data_parallel: int | None = None
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
     progress_interval_s: float = DEFAULT_PROGRESS_INTERVAL_S
     monotonic: Callable[[], float] = field(default=time.monotonic, repr=False)
     wall_clock: Callable[[], float] = field(default=time.time, repr=False)
@@ -202,6 +211,13 @@ class JobContext:
         ):
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise _field_error(name, variable, f"must be > 0, got {value}")
+        for name, variable, degree in (
+            ("data_parallel", DATA_PARALLEL, self.data_parallel),
+            ("tensor_parallel", TENSOR_PARALLEL, self.tensor_parallel),
+            ("pipeline_parallel", PIPELINE_PARALLEL, self.pipeline_parallel),
+        ):
+            if degree is not None and degree < 1:
+                raise _field_error(name, variable, f"must be >= 1, got {degree}")
         if self.progress_interval_s < 0:
             raise ValueError(f"progress_interval_s must be >= 0, got {self.progress_interval_s}")
         self.checkpoint_dir = Path(self.checkpoint_dir)
@@ -523,4 +539,7 @@ ENVIRONMENT: dict[str, Setting[Any]] = {
     "base_lr": Setting(BASE_LR, settings.number(0, above=True)),
     "max_lr": Setting(MAX_LR, settings.number(0, above=True)),
     "base_batch_size": Setting(BASE_BATCH_SIZE, settings.integer(low=1)),
+    "data_parallel": Setting(DATA_PARALLEL, settings.integer(low=1)),
+    "tensor_parallel": Setting(TENSOR_PARALLEL, settings.integer(low=1)),
+    "pipeline_parallel": Setting(PIPELINE_PARALLEL, settings.integer(low=1)),
 }

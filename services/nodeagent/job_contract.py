@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import sys
 from typing import Any
+from urllib.parse import urlsplit
 
-from libs.common.schemas import StartJob
+from libs.common.embedded import free_port
+from libs.common.schemas import JobSpec, StartJob
 from libs.sdk import context as job_env
 from services.nodeagent.config import NodeAgentConfig
 from services.nodeagent.gpus import GpuInventory
@@ -53,6 +55,10 @@ def process_plan(
     ):
         if option is not None:
             contract[variable] = option
+    ranks = start.world_size if start.rendezvous else len(start.gpus)
+    contract.update(parallel_degrees(spec, ranks))
+    if spec.command:
+        contract.update(torch_distributed_env(start, ranks))
     if start.rendezvous:
         contract[job_env.RENDEZVOUS] = start.rendezvous
         contract[job_env.FIRST_RANK] = start.first_rank
@@ -68,11 +74,13 @@ def process_plan(
     if not inventory.emulated:
         by_index = {g.index: g.uuid for g in inventory.gpus}
         contract["CUDA_VISIBLE_DEVICES"] = ",".join(by_index[i] for i in start.gpus)
-    argv = (
-        tuple(spec.command)
-        if spec.command
-        else (sys.executable, "-m", "services.nodeagent.worker")
-    )
+    if not spec.command:
+        argv: tuple[str, ...] = (sys.executable, "-m", "services.nodeagent.worker")
+    elif len(start.gpus) > 1:
+        # one process per GPU, as the built-in worker runs one rank per GPU
+        argv = (sys.executable, "-m", "services.nodeagent.worker.launch", *spec.command)
+    else:
+        argv = tuple(spec.command)
     return ProcessPlan(
         node=config.name,
         job_id=start.job_id,
@@ -91,3 +99,41 @@ def process_plan(
         mem_gb=start.mem_gb,
         allocation_file=allocation_file,
     )
+
+
+def parallel_degrees(spec: JobSpec, ranks: int) -> dict[str, int]:
+    """The job's (data, tensor, pipeline) degrees for ``ranks`` processes: data-parallel
+    replicas are what the ranks leave over tensor x pipeline (a resize changes them); when
+    tensor x pipeline does not divide the ranks, the spec's ``data_parallel`` (or 1) goes
+    as it is and the worker refuses the product."""
+    model_parallel = spec.tensor_parallel * spec.pipeline_parallel
+    replicas = (
+        ranks // model_parallel
+        if ranks and ranks % model_parallel == 0
+        else (spec.data_parallel or 1)
+    )
+    return {
+        job_env.DATA_PARALLEL: replicas,
+        job_env.TENSOR_PARALLEL: spec.tensor_parallel,
+        job_env.PIPELINE_PARALLEL: spec.pipeline_parallel,
+    }
+
+
+def torch_distributed_env(start: StartJob, ranks: int) -> dict[str, Any]:
+    """The standard PyTorch variables (``env://``) for a job's own command: where rank 0
+    listens (the job's rendezvous across nodes, else a free local port), this node's first
+    rank, the ranks of the whole job and of this node. With several GPUs here the launcher
+    (``worker.launch``) sets ``RANK`` and ``LOCAL_RANK`` for each of its processes."""
+    if start.rendezvous:
+        where = urlsplit(start.rendezvous)
+        host, port = where.hostname or "127.0.0.1", where.port or free_port()
+    else:
+        host, port = "127.0.0.1", free_port()
+    return {
+        "MASTER_ADDR": host,
+        "MASTER_PORT": port,
+        "RANK": start.first_rank,
+        "WORLD_SIZE": max(ranks, 1),
+        "LOCAL_RANK": 0,
+        "LOCAL_WORLD_SIZE": len(start.gpus),
+    }

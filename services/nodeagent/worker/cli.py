@@ -31,6 +31,7 @@ from services.nodeagent.worker.catalog import (
     ZooModel,
     cpu_cost_for,
 )
+from services.nodeagent.worker.degrees import Degrees, DegreesError, degrees_for
 
 #: appends the number of every iteration this process executes (for tests and debugging)
 ITERATION_LOG_ENV = "GPUSCHED_WORKER_ITERATION_LOG"
@@ -164,6 +165,7 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.device is not None:
         ctx = dataclasses.replace(ctx, device=args.device)
     layout = data_parallel_layout(ctx, os.environ)
+    degrees = model_parallel_degrees(ctx, layout)
     if layout.rank > 0:
         ctx = dataclasses.replace(ctx, progress_file=None)
     # before torch loads (seconds): a preemption from then on still ends in a checkpoint
@@ -172,6 +174,9 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
         (args.model, "--model") if args.model else (ctx.model or FALLBACK_MODEL, "GPUSCHED_MODEL")
     )
     spec = model_spec(name, source, args.width, args.depth)
+    if degrees is not None:
+        # a model split over ranks: the (d, t, p) MLP, whatever the job's model
+        spec = model_spec("mlp", source, args.width, args.depth)
     iteration_log, hold_at = debug_hooks(os.environ)
     others: list[subprocess.Popen[bytes]] = []
     if layout.world_size > 1 and layout.local_rank == 0:
@@ -218,7 +223,12 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     try:
         with ctx:
             hooks = DebugHooks(iteration_log, hold_at)
-            run_job(ctx, spec, options, hooks, parallel, args.threads)
+            if degrees is not None and parallel is not None:
+                from services.nodeagent.worker.dtp import run_dtp_job
+
+                run_dtp_job(ctx, spec, options, parallel, degrees, hooks, args.threads)
+            else:
+                run_job(ctx, spec, options, hooks, parallel, args.threads)
     except BaseException:
         for process in others:
             process.kill()  # they would wait for this rank in a collective until it times out
@@ -262,6 +272,20 @@ def data_parallel_layout(ctx: JobContext, environ: Mapping[str, str]) -> RankLay
     if (local_rank > 0 or first_rank > 0) and not rendezvous:
         raise UsageError(f"{RENDEZVOUS}: required for rank {first_rank + local_rank}")
     return RankLayout(local_rank, local_ranks, first_rank + local_rank, world_size, rendezvous)
+
+
+def model_parallel_degrees(ctx: JobContext, layout: RankLayout) -> Degrees | None:
+    """The (d, t, p) degrees of a job whose model is split over ranks (tensor or pipeline
+    parallelism); None for a data-parallel or single-process job, which trains as before.
+    Degrees whose product is not the job's ranks are refused naming the variable."""
+    if ctx.tensor_parallel * ctx.pipeline_parallel == 1:
+        return None
+    try:
+        return degrees_for(
+            layout.world_size, ctx.data_parallel, ctx.tensor_parallel, ctx.pipeline_parallel
+        )
+    except DegreesError as error:
+        raise UsageError(str(error)) from None
 
 
 def _start_rank(local_rank: int, rendezvous: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:

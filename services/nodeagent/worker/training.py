@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import structlog
 import torch
@@ -378,6 +378,24 @@ class Trainer:
         """The rank that reports progress and writes checkpoints."""
         return self.parallel is None or self.parallel.rank == 0
 
+    def description(self) -> dict[str, Any]:
+        """What the ``training`` log line says about this trainer."""
+        cost = self.options.cpu_cost
+        return {
+            "zoo": self.spec.zoo,
+            "width": self.spec.width,
+            "depth": self.spec.depth,
+            "device": str(self.device),
+            "ranks": self.parallel.world_size if self.parallel is not None else 1,
+            "data_workers": self.pipeline.workers,
+            "cpu_cost": [cost.decode_passes, cost.augment_passes],
+        }
+
+    def save(self, ctx: JobContext, iteration: int) -> None:
+        """Rank 0 writes the checkpoint; the other ranks hold the same weights."""
+        if self.is_main:
+            ctx.save_checkpoint(self.state(iteration))
+
     def state(self, iteration: int) -> dict[str, Any]:
         return {
             "format": CHECKPOINT_FORMAT,
@@ -412,12 +430,23 @@ class Trainer:
         iteration = int(state["iteration"])
         self.samples_seen = int(state["samples_seen"])
         self.accuracy = state["accuracy"]
-        self.base_batch_size = self.options.base_batch_size or int(state["base_batch_size"])
-        rate = self.options.rule(self.base_batch_size).rate(self.batch_size)
-        epoch = epoch_iterations(self.options.dataset_size, self.batch_size)
-        self.ramp = Ramp.from_state(state["lr_ramp"]).towards(rate, iteration, epoch)
-        self.learning_rate = self.ramp.at(iteration - 1)
+        self.base_batch_size, self.ramp, self.learning_rate = resumed_rate(
+            self.options, state, self.batch_size, iteration
+        )
         return iteration
+
+
+def resumed_rate(
+    options: TrainingOptions, state: dict[str, Any], batch_size: int, iteration: int
+) -> tuple[int, Ramp, float]:
+    """A run resumed from ``state`` at ``iteration`` with global batch ``batch_size``: its
+    base batch, its learning-rate ramp (to the rate of its batch, over an epoch) and the
+    rate reached."""
+    base_batch_size = options.base_batch_size or int(state["base_batch_size"])
+    rate = options.rule(base_batch_size).rate(batch_size)
+    epoch = epoch_iterations(options.dataset_size, batch_size)
+    ramp = Ramp.from_state(state["lr_ramp"]).towards(rate, iteration, epoch)
+    return base_batch_size, ramp, ramp.at(iteration - 1)
 
 
 def run_job(
@@ -457,13 +486,39 @@ def run_job(
             threads=threads,
         )
         try:
-            return _train_loop(ctx, trainer, hooks, bound, ranks)
+            return train_loop(ctx, trainer, hooks, bound, ranks)
         finally:
             trainer.close()
 
 
-def _train_loop(
-    ctx: JobContext, trainer: Trainer, hooks: DebugHooks, bound: Any, ranks: int
+class LoopTrainer(Protocol):
+    """What the training loop needs of a trainer: :class:`Trainer`, or one rank of a
+    (d, t, p) run (:class:`services.nodeagent.worker.dtp.DtpTrainer`)."""
+
+    ramp: Ramp
+
+    @property
+    def is_main(self) -> bool: ...
+
+    def description(self) -> dict[str, Any]: ...
+
+    def restore(self, state: dict[str, Any]) -> int: ...
+
+    def save(self, ctx: JobContext, iteration: int) -> None: ...
+
+    def allocate(self, resources: Resources) -> None: ...
+
+    def agree_to_stop(self, wants_to_stop: bool) -> bool: ...
+
+    def step(
+        self, iteration: int, after_accumulation_step: Callable[[int], None] | None = None
+    ) -> float: ...
+
+    def metrics(self) -> dict[str, Any]: ...
+
+
+def train_loop(
+    ctx: JobContext, trainer: LoopTrainer, hooks: DebugHooks, bound: Any, ranks: int
 ) -> Outcome:
     state = ctx.load_checkpoint()
     iteration = 0 if state is None else trainer.restore(state)
@@ -473,33 +528,25 @@ def _train_loop(
             hint=ctx.start_iteration,
             checkpoint=iteration,
         )
-    spec = trainer.spec
     bound.info(
         "training",
-        zoo=spec.zoo,
-        width=spec.width,
-        depth=spec.depth,
-        device=str(trainer.device),
+        **trainer.description(),
         batch_size=ctx.batch_size,
         accum_steps=ctx.accum_steps,
-        ranks=trainer.parallel.world_size if trainer.parallel is not None else 1,
         from_iteration=iteration,
         total_iterations=ctx.total_iterations,
         lr=trainer.ramp.end_lr,
         lr_ramp=trainer.ramp.to_state(),
-        data_workers=trainer.pipeline.workers,
-        cpu_cost=[trainer.options.cpu_cost.decode_passes, trainer.options.cpu_cost.augment_passes],
     )
     last_checkpoint = iteration if state is not None else None
 
     def checkpoint(at: int) -> None:
         nonlocal last_checkpoint
-        if not trainer.is_main:
-            return
         if last_checkpoint != at:
-            ctx.save_checkpoint(trainer.state(at))
+            trainer.save(ctx, at)
             last_checkpoint = at
-        ctx.checkpointed(at)
+        if trainer.is_main:
+            ctx.checkpointed(at)
 
     log_path = hooks.iteration_log if trainer.is_main else None
     iteration_log = log_path.open("a", encoding="utf-8") if log_path else None
