@@ -5,6 +5,7 @@ weights as one process training the unsplit MLP on the whole batch."""
 from __future__ import annotations
 
 import datetime
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,14 +16,19 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from libs.common.bus import Stores
 from libs.common.embedded import free_port
+from libs.common.schemas import JobState
 from services.nodeagent.worker.catalog import ModelSpec, cpu_cost_for
 from services.nodeagent.worker.degrees import Degrees, DegreesError, degrees_for
 from services.nodeagent.worker.dtp import build_stage, new_groups, unsplit_mlp
 from services.nodeagent.worker.pipeline import DataSet, DecodedCache, InputPipeline
 from services.nodeagent.worker.training import make_optimizer
 from services.nodeagent.worker.zoo import SyntheticData
+from services.scheduler.live import SchedulerService
 from tests.limits import process_limit_s
+from tests.live import fast_scheduler, spec, store_job, wait_state
+from tests.test_live_scheduling import nodes
 from tests.test_worker_parallel import Job
 from tests.test_worker_process import REPOSITORY, job_env, progress
 
@@ -234,3 +240,26 @@ def test_ranks_are_laid_out_tensor_first_then_stages_then_replicas():
 def vars_of(position: Any) -> dict[str, int]:
     return {"replica": position.replica, "stage": position.stage,
             "tensor_index": position.tensor_index}
+
+
+async def test_a_2x2x1_job_submitted_to_two_emulated_nodes_finishes_with_a_falling_loss(
+    nats_server, stores: Stores, tmp_path: Path
+):
+    async with nodes(nats_server.url, tmp_path, count=2, gpus=2, jobs_mode="process"
+                     ), SchedulerService(fast_scheduler(nats_server.url)):
+        job_id = await store_job(stores, spec(
+            model="ncf", gpus=4, data_parallel=2, tensor_parallel=2, batch_size=BATCH,
+            iterations=30, checkpoint_every=10, base_lr=LR, dataset_size=DATASET_SIZE,
+        ))
+        done = await wait_state(stores, job_id, JobState.SUCCEEDED, JobState.FAILED,
+                                timeout_s=process_limit_s(4))
+    assert done.state is JobState.SUCCEEDED, done.error
+    assert len(done.placement) == 2
+    falling = losses(tmp_path / "work" / job_id / "progress-1.jsonl")
+    assert falling[-1] < 0.85 * falling[0], falling
+    log = (tmp_path / "work" / job_id / "run-1.log").read_text()
+    trained = [json.loads(line) for line in log.splitlines()
+               if line.startswith("{") and '"training"' in line]
+    assert sorted((t["rank"], t["replica"], t["tensor_index"]) for t in trained) == [
+        (0, 0, 0), (1, 0, 1)
+    ]
