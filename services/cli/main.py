@@ -220,6 +220,14 @@ def simulate(
             "program per decision with a new set of jobs.",
         ),
     ] = False,
+    predictor: Annotated[
+        str,
+        typer.Option(
+            help="Job sizes the policies see: truth (default), declared (what users say) "
+            "or rf (a random forest trained on the jobs completed so far); summary.json "
+            "then reports the prediction error.",
+        ),
+    ] = "truth",
 ) -> None:
     """Replay a trace under one or more policies; print a table and write outputs."""
     from libs.core.workload import with_deadlines
@@ -242,6 +250,9 @@ def simulate(
         names = check_policies(_policy_names(policy), max_resident_slowdown)
         names = _with_extras(names, explicit=bool(policy), notes=err_console)
         check_round_s(round_s)
+        from services.scheduler.runner import check_predictor
+
+        check_predictor(predictor)
         _check_out(out)
         built = build_cluster(cluster_spec, data_dir, cpus_per_node, mem_gb_per_node)
         if opt_bound:
@@ -266,7 +277,9 @@ def simulate(
         jobs = workload.jobs
         if slack is not None:
             jobs = with_deadlines(jobs, truth, built, slack, seed)
-        config = SimConfig(restart_overhead_s=restart_overhead, round_s=round_s)
+        config = SimConfig(
+            restart_overhead_s=restart_overhead, round_s=round_s, predictor=predictor
+        )
         with _progress_bars(err_console) as progress:
             results = (_run_bounded if opt_bound else run_policies)(
                 jobs,
