@@ -101,9 +101,10 @@ async def test_the_service_answers_ping_and_info_with_its_name_and_endpoints(
         subjects.PREDICT_SLOWDOWN,
         subjects.PREDICT_CPU_PROFILE,
         subjects.PREDICT_REMAINING,
+        subjects.PREDICT_SIZE_ERROR,
     }
     assert {e["name"] for e in info["endpoints"]} == {
-        "iterations", "throughput", "slowdown", "cpu_profile", "remaining"
+        "iterations", "throughput", "slowdown", "cpu_profile", "remaining", "size_error"
     }
 
 

@@ -120,6 +120,8 @@ def admission() -> Permissions:
             # the dashboard: who leads (the lease) and what the leader says of itself
             *_read_bucket(subjects.LEASE_BUCKET),
             f"{P}.scheduler.*.status",
+            # GET /v1/predictor/size-error
+            subjects.PREDICT_SIZE_ERROR,
             *(p for b in ADMISSION_BUCKETS for p in _own_bucket(b)),
             *_consume(kv_stream(subjects.JOBS_BUCKET)),
             *_consume(kv_stream(subjects.NODES_BUCKET)),
@@ -184,6 +186,8 @@ def predictor() -> Permissions:
             f"{subjects.PREDICTOR_GROUP}.>",
             subjects.ALL_JOB_PROGRESS,
             subjects.ALL_JOB_STATES,
+            # each submission's size is predicted, and scored once the job succeeds
+            subjects.ALL_JOB_SUBMISSIONS,
             "$SRV.>",
         ),
         allow_responses=True,

@@ -416,6 +416,32 @@ class PredictRequest(msgspec.Struct, frozen=True, kw_only=True):
     partner_batch_size: PositiveInt | None = None
     partner_gpus: PositiveInt = 1
     partner_accum_steps: PositiveInt = 1
+    #: what is known of a job at submission, read by ``iterations`` (the size forest,
+    #: services/predictor/sizes.py); ``iterations`` above is the declared figure
+    tenant: Label = ""
+    name: Label = ""
+    dataset: Label = ""
+    tensor_parallel: PositiveInt = 1
+    pipeline_parallel: PositiveInt = 1
+
+
+class SizeErrorReport(msgspec.Struct, frozen=True, kw_only=True):
+    """``gpusched.predictor.size_error``: each finished job's iterations predicted at its
+    submission against those it ran, over the newest ``window`` scored jobs. Ratios
+    (0.25 is 25 %); null before any job was scored."""
+
+    scored_jobs: int = 0
+    #: scored jobs whose prediction was a fallback (the declared figure), not the forest
+    fallback_jobs: int = 0
+    mape: float | None = None
+    within_10: float | None = None
+    within_25: float | None = None
+    within_50: float | None = None
+    #: jobs predicted at submission and not finished yet
+    pending_jobs: int = 0
+    training_rows: int = 0
+    retrains: int = 0
+    window: int = 0
 
 
 class Prediction(msgspec.Struct, frozen=True, kw_only=True):
@@ -427,7 +453,7 @@ class Prediction(msgspec.Struct, frozen=True, kw_only=True):
     iteration_s: float | None = None
     samples_per_s: float | None = None
     #: where the figure came from: "profile" or "profile+history" for throughput and
-    #: slowdown; "declared", "history" or "default" for iterations
+    #: slowdown; "forest", "declared", "history" or "default" for iterations
     source: str = "profile"
 
 

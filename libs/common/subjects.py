@@ -32,6 +32,8 @@ QUOTA_BUCKET = "gpusched_quota"
 PREDICTOR_LEARNED_KEY = "learned"
 #: in PREDICTOR_BUCKET: jobs' epoch histories (the progress predictor's data)
 PREDICTOR_HISTORIES_KEY = "progress_histories"
+#: in PREDICTOR_BUCKET: the size forest's training rows and its error figures
+PREDICTOR_SIZES_KEY = "size_rows"
 SCHEDULER_LEASE_KEY = "scheduler"
 
 
@@ -101,8 +103,11 @@ PREDICT_SLOWDOWN = f"{PREDICTOR_GROUP}.slowdown"
 PREDICT_REMAINING = f"{PREDICTOR_GROUP}.remaining"
 #: a model's measured CPU/memory profile (CpuProfileRequest -> CpuProfile)
 PREDICT_CPU_PROFILE = f"{PREDICTOR_GROUP}.cpu_profile"
+#: the size forest's error: each finished job's prediction at submission against its truth
+PREDICT_SIZE_ERROR = f"{PREDICTOR_GROUP}.size_error"
 
 ALL_JOB_STATES = f"{PREFIX}.job.*.state"
+ALL_JOB_SUBMISSIONS = f"{PREFIX}.job.*.submitted"
 ALL_JOB_PROGRESS = f"{PREFIX}.job.*.progress"
 ALL_CPU_PROFILES = f"{PREFIX}.model.*.cpu_profile"
 ALL_HEARTBEATS = f"{PREFIX}.node.*.heartbeat"

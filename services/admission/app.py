@@ -26,6 +26,7 @@ from libs.common.schemas import (
     JobState,
     JobStateEvent,
     JobSubmitted,
+    SizeErrorReport,
     StateChange,
     now,
 )
@@ -63,6 +64,8 @@ KEEPALIVE_S = 15.0
 SYNC_TIMEOUT_S = 10.0
 #: progress events an event stream buffers for a slow reader before dropping them
 MAX_BUFFERED_PROGRESS = 256
+#: how long GET /v1/predictor/size-error waits for the predictor
+PREDICTOR_TIMEOUT_S = 2.0
 #: routes anyone may call (the dashboard's page and its assets hold no data)
 PUBLIC_ROUTES = frozenset(
     {"/healthz", "/metrics", "/openapi.json", "/", "/dashboard.js", "/dashboard.css"}
@@ -140,6 +143,7 @@ class AdmissionApi:
         # a HEAD would hold the stream open with nothing to send
         router.add_get("/v1/jobs/{id}/events", self.job_events, allow_head=False)
         router.add_get("/v1/cluster", self.cluster)
+        router.add_get("/v1/predictor/size-error", self.size_error)
         router.add_get("/healthz", self.health)
         router.add_get("/metrics", self.prometheus)
         router.add_get("/openapi.json", self.openapi)
@@ -625,6 +629,22 @@ class AdmissionApi:
             mean_gpu_util=sum(utils) / len(utils) if utils else None,
         )
         return _json_response(ClusterView(nodes=views, totals=totals))
+
+    async def size_error(self, request: web.Request) -> web.Response:
+        """The predictor's size error figures (every tenant's finished jobs together)."""
+        try:
+            reply = await self.nc.request(
+                subjects.PREDICT_SIZE_ERROR, b"", timeout=PREDICTOR_TIMEOUT_S,
+                headers=codec.headers(),
+            )  # fmt: skip
+            report = codec.decode(reply.data, SizeErrorReport)
+        except (nats.errors.Error, TimeoutError, msgspec.DecodeError) as exc:
+            log.debug("no size error from the predictor", error=repr(exc))
+            raise ProblemError(
+                503, "predictor-unavailable", "no predictor answered; try again",
+                headers={hdrs.RETRY_AFTER: "1"},
+            ) from None  # fmt: skip
+        return _json_response(report)
 
     async def health(self, request: web.Request) -> web.Response:
         if not self.nc.is_connected:

@@ -7,7 +7,13 @@ from typing import Any
 
 import msgspec
 
-from libs.common.schemas import JobProgressEvent, JobSpec, JobState, JobStateEvent
+from libs.common.schemas import (
+    JobProgressEvent,
+    JobSpec,
+    JobState,
+    JobStateEvent,
+    SizeErrorReport,
+)
 from services.admission import params
 from services.admission.ids import JOB_ID
 from services.admission.problems import PROBLEM_CONTENT_TYPE, Problem
@@ -104,7 +110,7 @@ def build_openapi(models: Iterable[str] = (), version: str = "0.1.0") -> dict[st
     """The document; ``models`` become the ``enum`` of a job spec's ``model``."""
     _, components = msgspec.json.schema_components(
         [JobSpec, JobDetail, JobList, ClusterView, Problem, Health, JobStateEvent,
-         JobProgressEvent],
+         JobProgressEvent, SizeErrorReport],
         ref_template=_REF,
     )
     names = sorted(models)
@@ -298,6 +304,27 @@ def build_openapi(models: Iterable[str] = (), version: str = "0.1.0") -> dict[st
                     "responses": {
                         "200": _json("The cluster", _ref("ClusterView")),
                         "401": _UNAUTHORIZED,
+                    },
+                }
+            },
+            "/v1/predictor/size-error": {
+                "get": {
+                    "summary": "How far the predicted job sizes were from the truth",
+                    "description": (
+                        "Each finished job's iterations as the predictor predicted them "
+                        "at its submission (the size forest, or the declared figure "
+                        "without history), against those it ran: MAPE and the shares "
+                        "within 10, 25 and 50 %, over every tenant's newest `window` "
+                        "scored jobs"
+                    ),
+                    "operationId": "sizeError",
+                    "responses": {
+                        "200": _json("The error figures", _ref("SizeErrorReport")),
+                        "401": _UNAUTHORIZED,
+                        "503": _problem(
+                            "No predictor answered",
+                            Retry_After={"schema": {"type": "string", "const": "1"}},
+                        ),
                     },
                 }
             },

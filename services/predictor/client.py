@@ -24,6 +24,7 @@ from libs.common.schemas import (
     Prediction,
     PredictRequest,
     RemainingRequest,
+    SizeErrorReport,
 )
 
 T = TypeVar("T", bound=msgspec.Struct)
@@ -79,6 +80,10 @@ class PredictorClient:
             if exc.code == "404":
                 return None
             raise
+
+    async def size_error(self) -> SizeErrorReport:
+        """The size forest's error figures over the jobs finished so far."""
+        return await self._ask(subjects.PREDICT_SIZE_ERROR, SizeErrorReport(), SizeErrorReport)
 
     async def _ask(self, subject: str, req: msgspec.Struct, kind: type[T]) -> T:
         try:

@@ -12,6 +12,15 @@ field), 404 for an unknown model, 500 for anything else.
 Every instance listens to all progress events (what it learns speeds from) and state
 events (a SUCCEEDED job's record gives its model's iteration count).
 
+``iterations`` uses the size forest of services/predictor/sizes.py: a request whose
+template (tenant and job name stem) it has learned gets the forest's figure (source
+``forest``), any other the baseline answer (the declared figure, source ``declared``,
+where the request gives one). Every submission (``gpusched.job.<id>.submitted``) is
+predicted so from the job's record and remembered; a SUCCEEDED job's record trains the
+forest (in a thread) and scores that prediction. ``size_error`` answers the error
+figures as a :class:`~libs.common.schemas.SizeErrorReport` (any payload; JSON when it
+starts with ``{``); the forest's rows and scores are kept under key ``size_rows``.
+
 ``remaining`` takes a :class:`~libs.common.schemas.RemainingRequest` for a running job and
 answers its remaining iterations (a ``Prediction`` of kind ``remaining``): the request's
 plain estimate pulled towards ONES's progress predictor, trained on the epoch histories
@@ -52,7 +61,13 @@ from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from nats.micro.request import ERROR_HEADER, Request, ServiceError
 from nats.micro.service import Service
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+)
 from prometheus_client.exposition import generate_latest
 
 from libs.common import codec, natsauth, subjects
@@ -65,15 +80,23 @@ from libs.common.schemas import (
     JobRecord,
     JobState,
     JobStateEvent,
+    JobSubmitted,
     Prediction,
     PredictRequest,
     RemainingRequest,
+    SizeErrorReport,
 )
 from libs.core.groundtruth import load_performance_model
 from libs.core.perf import UnknownModelError
 from services.predictor.config import PredictorConfig
 from services.predictor.model import BaselinePredictor, Learned
 from services.predictor.progress import DEFAULT_EPOCH_SAMPLES, ProgressLearner, StoredHistories
+from services.predictor.sizes import (
+    SOURCE_FOREST,
+    SizeLearner,
+    StoredSizes,
+    request_of,
+)
 
 SERVICE_NAME = "gpusched-predictor"
 SERVICE_DESCRIPTION = (
@@ -83,6 +106,10 @@ SERVICE_DESCRIPTION = (
 JSON_HEADERS = {"Content-Type": "application/json", codec.SCHEMA_HEADER: str(SCHEMA_VERSION)}
 #: SUCCEEDED job ids remembered so that a repeated state event is counted once
 MAX_REMEMBERED_COMPLETIONS = 100_000
+#: room left in a NATS message beside the stored size rows (headers, the KV subject)
+STORED_HEADROOM_BYTES = 4096
+#: the size forest's error shares, as the label ``within`` of its gauge
+WITHIN = (("0.1", "within_10"), ("0.25", "within_25"), ("0.5", "within_50"))
 
 log = structlog.get_logger("gpusched.predictor")
 
@@ -156,6 +183,33 @@ class _Metrics:
             ["kind", "result"],
             registry=self.registry,
         )
+        self.size_mape = Gauge(
+            "gpusched_predictor_size_mape_ratio",
+            "Mean absolute percentage error of the iterations predicted at submission, "
+            "over the newest scored jobs (NaN before any)",
+            registry=self.registry,
+        )
+        self.size_within = Gauge(
+            "gpusched_predictor_size_within_ratio",
+            "Share of scored jobs whose iterations predicted at submission were within "
+            "`within` of the truth (NaN before any)",
+            ["within"],
+            registry=self.registry,
+        )
+        self.size_scored = Gauge(
+            "gpusched_predictor_size_scored_jobs",
+            "Finished jobs the size error figures are taken over",
+            registry=self.registry,
+        )
+        self.size_errors(SizeErrorReport())
+
+    def size_errors(self, report: SizeErrorReport) -> None:
+        nan = float("nan")
+        self.size_mape.set(nan if report.mape is None else report.mape)
+        for label, field in WITHIN:
+            share = getattr(report, field)
+            self.size_within.labels(label).set(nan if share is None else share)
+        self.size_scored.set(report.scored_jobs)
 
 
 class PredictorService:
@@ -168,6 +222,8 @@ class PredictorService:
         )
         self.metrics = _Metrics()
         self.progress = ProgressLearner()
+        self.sizes = SizeLearner()
+        self._saved_sizes = 0
         #: job id -> samples in an epoch of its data set (from its record)
         self._epoch_samples: OrderedDict[str, float] = OrderedDict()
         self._saved_histories = 0
@@ -201,6 +257,7 @@ class PredictorService:
             self._learned_kv = await self._stores.predictor_bucket()
             await self._restore_learned()
             await self._restore_histories()
+            await self._restore_sizes()
             self._service = await micro.add_service(
                 self._nc,
                 name=SERVICE_NAME,
@@ -210,7 +267,7 @@ class PredictorService:
             )
             group = self._service.add_group(name=subjects.PREDICTOR_GROUP)
             endpoints: dict[str, Answer] = {
-                subjects.PREDICT_ITERATIONS: self.predictor.iterations,
+                subjects.PREDICT_ITERATIONS: self.iterations,
                 subjects.PREDICT_THROUGHPUT: self.predictor.throughput,
                 subjects.PREDICT_SLOWDOWN: self.predictor.slowdown,
             }
@@ -225,9 +282,14 @@ class PredictorService:
                 name=subjects.PREDICT_CPU_PROFILE.removeprefix(subjects.PREDICTOR_GROUP + "."),
                 handler=self._answer_cpu_profile,
             )
+            await group.add_endpoint(
+                name=subjects.PREDICT_SIZE_ERROR.removeprefix(subjects.PREDICTOR_GROUP + "."),
+                handler=self._answer_size_error,
+            )
             self._subscriptions = [
                 await self._nc.subscribe(subjects.ALL_JOB_PROGRESS, cb=self._on_progress),
                 await self._nc.subscribe(subjects.ALL_JOB_STATES, cb=self._on_state),
+                await self._nc.subscribe(subjects.ALL_JOB_SUBMISSIONS, cb=self._on_submitted),
             ]
             if self.config.metrics_port is not None:
                 await self._serve_metrics(self.config.metrics_host, self.config.metrics_port)
@@ -251,6 +313,7 @@ class PredictorService:
             with contextlib.suppress(BaseException):
                 await task
         self._profiling.clear()
+        await self.sizes.stop()
         if self._saver is not None:
             self._saver.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -292,6 +355,15 @@ class PredictorService:
         return generate_latest(self.metrics.registry)
 
     # ----------------------------------------------------------------- requests
+
+    def iterations(self, req: PredictRequest) -> Prediction:
+        """The size forest's figure for a template it has learned, else the baseline's
+        (which also checks the request)."""
+        baseline = self.predictor.iterations(req)
+        forest = self.sizes.predict(req)
+        if forest is None:
+            return baseline
+        return Prediction(model=req.model, kind="iterations", value=forest, source=SOURCE_FOREST)
 
     def _handler(
         self, endpoint: str, answer: Answer, kind: type[msgspec.Struct] = PredictRequest
@@ -335,6 +407,12 @@ class PredictorService:
             return profile, as_json
 
         await self._serve("cpu_profile", request, work)
+
+    async def _answer_size_error(self, request: Request) -> None:
+        async def work() -> tuple[msgspec.Struct, bool]:
+            return self.sizes.report(), request.data.lstrip()[:1] == b"{"
+
+        await self._serve("size_error", request, work)
 
     async def _serve(
         self,
@@ -449,6 +527,7 @@ class PredictorService:
                 self._epoch_samples.pop(event.job_id, None)
                 if event.state is not JobState.SUCCEEDED:
                     self.progress.forget(event.job_id)
+                    self.sizes.forget(event.job_id)
             if event.state is JobState.SUCCEEDED and event.job_id not in self._completed:
                 await self._learn_completion(event.job_id)
             if self.config.profile_cpu and event.state is JobState.RUNNING and event.placement:
@@ -459,6 +538,25 @@ class PredictorService:
         except Exception:
             self.metrics.observations.labels("completion", "invalid").inc()
             log.exception("learning from a completed job failed", job_id=event.job_id)
+
+    async def _on_submitted(self, msg: Msg) -> None:
+        """Predict a submitted job's iterations from its record, as ``iterations``
+        answers, and remember it to score once the job succeeds."""
+        assert self._stores is not None
+        try:
+            job_id = codec.decode(msg.data, JobSubmitted).job_id
+            entry = await self._stores.jobs.get(job_id)
+            record = codec.decode(entry.value or b"", JobRecord)
+        except Exception as exc:  # unreadable, no record, NATS away: not predicted
+            log.debug("submission not predicted", subject=msg.subject, error=repr(exc))
+            return
+        request = request_of(record)
+        try:
+            guess = self.iterations(request)
+            value, source = guess.value, guess.source
+        except (UnknownModelError, ValueError):  # a model without a profile
+            value, source = float(record.total_iterations), "declared"
+        self.sizes.submitted(job_id, value, source)
 
     async def _observe_epochs(self, event: JobProgressEvent) -> None:
         """Add the event's epoch to its job's history (the job's record gives the size
@@ -516,6 +614,9 @@ class PredictorService:
         # the epochs it took, whatever its model
         if self.progress.finish(job_id, record.progress.iteration or record.total_iterations):
             self._retrain()
+        if self.sizes.completed(job_id, record):
+            self.metrics.size_errors(self.sizes.report())
+            self.sizes.retrain_soon()
         try:
             self.predictor.observe_completion(record.spec.model, record.total_iterations)
         except (UnknownModelError, ValueError) as exc:
@@ -568,6 +669,27 @@ class PredictorService:
             await self._training
         log.info("restored epoch histories", histories=taken)
 
+    async def _restore_sizes(self) -> None:
+        """Take back the size forest's rows and scores and retrain on them (in a
+        thread) before answering."""
+        assert self._learned_kv is not None
+        try:
+            entry = await self._learned_kv.get(subjects.PREDICTOR_SIZES_KEY)
+            stored = codec.decode(entry.value or b"", StoredSizes)
+            self.sizes = await asyncio.to_thread(SizeLearner.restore, stored)
+        except KeyNotFoundError:
+            return
+        except (msgspec.DecodeError, ValueError) as exc:
+            log.warning("stored size rows unreadable; starting without", error=str(exc))
+            return
+        self.metrics.size_errors(self.sizes.report())
+        log.info("restored the size forest", rows=len(self.sizes.forest.rows),
+                 scored=len(self.sizes.errors.predictions))
+
+    def _stored_sizes(self) -> StoredSizes:
+        limit = self._nc.max_payload - STORED_HEADROOM_BYTES if self._nc is not None else None
+        return self.sizes.stored(limit)
+
     async def _save_periodically(self) -> None:
         while True:
             await asyncio.sleep(self.config.save_every_s)
@@ -581,6 +703,11 @@ class PredictorService:
             subjects.PREDICTOR_HISTORIES_KEY, self.progress.stored, "epoch histories"
         ):
             self._saved_histories = histories
+        sizes = self.sizes.changes
+        if sizes != self._saved_sizes and await self._put(
+            subjects.PREDICTOR_SIZES_KEY, self._stored_sizes, "size rows"
+        ):
+            self._saved_sizes = sizes
         changes = self.predictor.changes
         if changes != self._saved_changes and await self._put(
             subjects.PREDICTOR_LEARNED_KEY, self.predictor.learned, "what was learned"
