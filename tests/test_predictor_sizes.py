@@ -176,6 +176,7 @@ async def test_the_forests_error_falls_as_recurring_jobs_complete(cluster: Clust
           f"{later:.3f} (declared {declared:.3f}); within 25 % at the end "
           f"{final.within_25:.2f}, fallbacks {final.fallback_jobs}, "
           f"retrains {final.retrains}")
+    print(msgspec.json.encode(final).decode())
     assert later < early.mape
     assert later < declared / 2
     # the shares are cumulative and nested
