@@ -229,7 +229,7 @@ def no_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("simulated before checking --out")
 
-    monkeypatch.setattr("services.cli.main.run_policies", refuse)
+    monkeypatch.setattr("services.scheduler.runner.run_policies", refuse)
 
 
 def test_an_out_path_under_a_regular_file_is_refused_before_simulating(

@@ -121,6 +121,7 @@ class _Booking:
         #: CPU and host memory per node, built on the first start or reallocation
         self.host: HostUse | None = None
         self._holders: dict[int, int] | None = None
+        self._all_share = False
         if snapshot.node_cpus_used and snapshot.node_mem_used:
             self.host_use()
 
@@ -188,14 +189,24 @@ class _Booking:
 
     def _snapshot_share_holders(self, gpu: int) -> int:
         """Running jobs of the snapshot holding the proportional share of ``gpu``."""
-        if not self.snapshot.gpu_load[gpu]:
+        load = self.snapshot.gpu_load[gpu]
+        if not load:
             return 0
         if self._holders is None:
+            running = self.snapshot.running
+            if all(view.cpus is None and view.mem_gb is None for view in running):
+                # every running job holds the proportional share: each GPU's load counts
+                self._holders = {}
+                self._all_share = True
+                return load
+            self._all_share = False
             self._holders = {}
-            for view in self.snapshot.running:
+            for view in running:
                 if view.cpus is None and view.mem_gb is None:
                     for held in view.gpu_ids:
                         self._holders[held] = self._holders.get(held, 0) + 1
+        if self._all_share:
+            return load
         return self._holders.get(gpu, 0)
 
     def gpu_residents(self, gpu: int) -> list[str]:

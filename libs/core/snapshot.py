@@ -116,6 +116,10 @@ class Snapshot:
     #: the same queued jobs in further orders the driver keeps, by ``QueueSort`` name (a
     #: policy names the ones it can use in ``extra_sorts``); a driver may give none
     orders: Mapping[str, tuple[JobView, ...]] = field(default_factory=dict, compare=False)
+    #: every job above by id, where the driver keeps such an index (it must not change
+    #: until the decision on this snapshot is checked); None: built on the first lookup,
+    #: which costs the length of the queue
+    index: Mapping[str, JobView] | None = field(default=None, repr=False, compare=False)
     _by_id: dict[str, JobView] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -123,6 +127,8 @@ class Snapshot:
         return sum(self.node_free)
 
     def job(self, job_id: str) -> JobView:
+        if self.index is not None:
+            return self.index[job_id]
         if not self._by_id:
             self._by_id.update((j.job_id, j) for j in self.running)
             self._by_id.update((j.job_id, j) for j in self.pending)

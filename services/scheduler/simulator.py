@@ -13,6 +13,7 @@ import heapq
 import math
 import time
 from bisect import bisect_left
+from collections import ChainMap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -548,6 +549,8 @@ class Simulator:
             queue_order=self.queue.order,
             orders={q.order: q.views(self.pending) for q in self.extra_queues},
             prioritized=self.prioritized,
+            # both dicts stay as they are until the decision is checked and applied
+            index=ChainMap(self.running, self.pending),
         )
 
     def _decide(self, now: float) -> None:
