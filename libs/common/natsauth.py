@@ -162,6 +162,7 @@ def scheduler() -> Permissions:
             subjects.ALL_HEARTBEATS,
             subjects.ALL_JOB_PROGRESS,
             subjects.ALL_CPU_PROFILES,
+            subjects.ALL_COMPUTE_PROFILES,
             f"{P}.scheduler.*.status",
             "$SRV.>",
         ),
@@ -177,6 +178,9 @@ def predictor() -> Permissions:
             # asks a node to measure a CPU profile, and tells schedulers what it stored
             f"{P}.node.*.profile",
             subjects.ALL_CPU_PROFILES,
+            # and GENIE's compute profiles
+            f"{P}.node.*.compute_profile",
+            subjects.ALL_COMPUTE_PROFILES,
             kv_keys(subjects.PREDICTOR_BUCKET),
             *_open_stores(),
             *_read_bucket(subjects.JOBS_BUCKET),
@@ -210,6 +214,7 @@ def nodeagent(node: str) -> Permissions:
         subscribe=(
             subjects.node_command(node),
             subjects.node_profile(node),
+            subjects.node_compute_profile(node),
             *_micro_discovery(NODEAGENT_SERVICE),
         ),
         allow_responses=True,

@@ -507,6 +507,64 @@ class CpuProfileRequest(msgspec.Struct, frozen=True, kw_only=True):
     refresh: bool = False
 
 
+class LinkPoint(msgspec.Struct, frozen=True, array_like=True):
+    """One all-reduce size of a link measurement: the bytes and the best time of it."""
+
+    nbytes: PositiveInt
+    seconds: Annotated[float, msgspec.Meta(gt=0)]
+
+
+class LinkProfile(msgspec.Struct, frozen=True, kw_only=True):
+    """All-reduces of a few sizes between two ranks on one node (see
+    services/nodeagent/compute_profiling.py); libs/core/platform.py fits them.
+    ``shared_machine``: the cluster's nodes are emulated on this one machine, so traffic
+    between them crosses the same loopback and the measurement stands for both links."""
+
+    node: str
+    measured_at: float
+    backend: str
+    address: str
+    shared_machine: bool
+    points: Annotated[list[LinkPoint], msgspec.Meta(min_length=2)]
+
+
+class ComputePoint(msgspec.Struct, frozen=True, array_like=True):
+    """Mean compute seconds per iteration of one worker at a per-GPU batch."""
+
+    batch_size: PositiveInt
+    iteration_s: Annotated[float, msgspec.Meta(gt=0)]
+
+
+class ComputeProfile(msgspec.Struct, frozen=True, kw_only=True):
+    """GENIE's profiling run of a model on one GPU (see
+    services/nodeagent/compute_profiling.py): compute time per iteration at a batch and
+    its half, and the model's parameter bytes (the gradients an all-reduce carries);
+    ``links``: the link measurement the predictor holds, from this or an earlier run."""
+
+    model: Name
+    node: str
+    measured_at: float
+    device: str
+    iterations: PositiveInt
+    points: Annotated[list[ComputePoint], msgspec.Meta(min_length=1)]
+    model_bytes: PositiveInt
+    links: LinkProfile | None = None
+
+
+class ComputeProfileRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """Ask for a model's compute profile: the predictor answers the stored one (404 if
+    none) unless ``node`` is given and it has none or ``refresh`` is set, in which case
+    that node measures it first at ``batch_size`` (else the model's default); a node
+    agent measures on every request, and its links too when ``links`` is set."""
+
+    model: Name
+    node: Name | None = None
+    batch_size: BatchSize | None = None
+    iterations: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 20
+    links: bool = False
+    refresh: bool = False
+
+
 def split_problem(batch_size: int, gpus: int, accum_steps: int) -> str:
     """Why a global batch cannot give every GPU a sample in each accumulation step, or ''."""
     if gpus * accum_steps < 1 or batch_size // (gpus * accum_steps) < 1:

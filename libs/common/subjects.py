@@ -77,6 +77,16 @@ def cpu_profile_measured(model: str) -> str:
     return f"{PREFIX}.model.{_id(model)}.cpu_profile"
 
 
+def node_compute_profile(node: str) -> str:
+    """NATS micro endpoint of a node agent: GENIE's profiling run of a model there."""
+    return f"{PREFIX}.node.{_id(node)}.compute_profile"
+
+
+def compute_profile_measured(model: str) -> str:
+    """Published by the predictor whenever it stores a model's compute profile."""
+    return f"{PREFIX}.model.{_id(model)}.compute_profile"
+
+
 def node_heartbeat(node: str) -> str:
     return f"{PREFIX}.node.{_id(node)}.heartbeat"
 
@@ -105,11 +115,14 @@ PREDICT_REMAINING = f"{PREDICTOR_GROUP}.remaining"
 PREDICT_CPU_PROFILE = f"{PREDICTOR_GROUP}.cpu_profile"
 #: the size forest's error: each finished job's prediction at submission against its truth
 PREDICT_SIZE_ERROR = f"{PREDICTOR_GROUP}.size_error"
+#: a model's compute profile (ComputeProfileRequest -> ComputeProfile)
+PREDICT_COMPUTE_PROFILE = f"{PREDICTOR_GROUP}.compute_profile"
 
 ALL_JOB_STATES = f"{PREFIX}.job.*.state"
 ALL_JOB_SUBMISSIONS = f"{PREFIX}.job.*.submitted"
 ALL_JOB_PROGRESS = f"{PREFIX}.job.*.progress"
 ALL_CPU_PROFILES = f"{PREFIX}.model.*.cpu_profile"
+ALL_COMPUTE_PROFILES = f"{PREFIX}.model.*.compute_profile"
 ALL_HEARTBEATS = f"{PREFIX}.node.*.heartbeat"
 ALL_TELEMETRY = f"{PREFIX}.node.*.telemetry"
 EVERYTHING = f"{PREFIX}.>"

@@ -35,6 +35,8 @@ from libs.common.embedded import free_port
 from libs.common.schemas import (
     Command,
     CommandReply,
+    ComputeProfile,
+    ComputeProfileRequest,
     CpuProfile,
     NodeInfo,
     Progress,
@@ -47,7 +49,12 @@ from libs.common.schemas import (
 )
 from libs.core.groundtruth import ProfilePerformanceModel, load_performance_model
 from services.nodeagent.checks import run_kind, start_problem
-from services.nodeagent.command_service import serve_commands, serve_profiles
+from services.nodeagent.command_service import (
+    serve_commands,
+    serve_compute_profiles,
+    serve_profiles,
+)
+from services.nodeagent.compute_profiling import measure_compute_profile
 from services.nodeagent.config import NodeAgentConfig
 from services.nodeagent.cores import machine_cores, pick_cores, real_cores
 from services.nodeagent.cpu_profiling import ProfileSettings, measure_cpu_profile
@@ -258,6 +265,7 @@ class NodeAgent(Actor[AgentMessage]):
             self._nc, config.name, self._answer, self._count_command
         )
         await serve_profiles(self._commands, config.name, self._measure_cpu_profile)
+        await serve_compute_profiles(self._commands, config.name, self._measure_compute)
         await self._nc.flush()
         self._seen_reconnects = self._nc.stats["reconnects"]
         self._registered = await self._register()
@@ -403,6 +411,24 @@ class NodeAgent(Actor[AgentMessage]):
         self.log.info(
             "measured a CPU profile", model=model,
             points=[(p.cpus, round(p.uncached_sample_s * 1e6)) for p in profile.points],
+        )  # fmt: skip
+        return profile
+
+    async def _measure_compute(self, request: ComputeProfileRequest) -> ComputeProfile:
+        """GENIE's profiling run of a model on this node (one measurement at a time, CPU
+        profiles included), at the request's batch or the model's default."""
+        assert self._truth is not None
+        batch = request.batch_size
+        if batch is None:
+            batch = self._truth.default_batch_size(request.model)
+        async with self._profiling:
+            self.log.info("measuring a compute profile", model=request.model, batch=batch)
+            profile = await measure_compute_profile(
+                request, batch, self.info, self.config.advertise_host
+            )
+        self.log.info(
+            "measured a compute profile", model=request.model, model_bytes=profile.model_bytes,
+            points=[(p.batch_size, p.iteration_s) for p in profile.points],
         )  # fmt: skip
         return profile
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import cast
+from typing import TypeVar, cast
 
 import msgspec
 from nats import micro
@@ -28,6 +28,8 @@ from libs.common.schemas import (
     SCHEMA_VERSION,
     Command,
     CommandReply,
+    ComputeProfile,
+    ComputeProfileRequest,
     CpuProfile,
     CpuProfileRequest,
 )
@@ -37,7 +39,9 @@ SERVICE_VERSION = "0.1.0"
 SERVICE_DESCRIPTION = "gpusched node agent: starts, stops and resizes jobs on one node"
 ENDPOINT = "command"
 PROFILE_ENDPOINT = "profile"
+COMPUTE_PROFILE_ENDPOINT = "compute_profile"
 _COMMAND = cast("type[Command]", Command)
+Wanted = TypeVar("Wanted", bound=msgspec.Struct)
 
 def decode_command(data: bytes, headers: dict[str, str] | None) -> Command:
     """The command in a request. Raises ``msgspec.DecodeError`` naming the field, or the
@@ -100,14 +104,40 @@ async def serve_profiles(
     Errors use the ``Nats-Service-Error`` headers: 400 for an undecodable request, 500
     when measuring failed (the description says why)."""
 
+    async def of_model(wanted: CpuProfileRequest) -> CpuProfile:
+        return await measure(wanted.model)
+
+    await _serve_measurement(
+        service, node, PROFILE_ENDPOINT, subjects.node_profile(node), CpuProfileRequest, of_model
+    )
+
+
+async def serve_compute_profiles(
+    service: Service, node: str,
+    measure: Callable[[ComputeProfileRequest], Awaitable[ComputeProfile]],
+) -> None:  # fmt: skip
+    """Add the ``compute_profile`` endpoint on ``gpusched.node.<node>.compute_profile``:
+    a :class:`~libs.common.schemas.ComputeProfileRequest` in, the
+    :class:`~libs.common.schemas.ComputeProfile` ``measure`` takes out (GENIE's
+    profiling run); errors as for ``profile``."""
+    await _serve_measurement(
+        service, node, COMPUTE_PROFILE_ENDPOINT, subjects.node_compute_profile(node),
+        ComputeProfileRequest, measure,
+    )  # fmt: skip
+
+
+async def _serve_measurement(
+    service: Service, node: str, name: str, subject: str, kind: type[Wanted],
+    measure: Callable[[Wanted], Awaitable[msgspec.Struct]],
+) -> None:  # fmt: skip
     async def on_request(request: micro.Request) -> None:
         try:
-            wanted = codec.decode(request.data, CpuProfileRequest)
+            wanted = codec.decode(request.data, kind)
         except msgspec.DecodeError as exc:
-            await request.respond_error("400", f"undecodable CpuProfileRequest: {exc}")
+            await request.respond_error("400", f"undecodable {kind.__name__}: {exc}")
             return
         try:
-            profile = await measure(wanted.model)
+            profile = await measure(wanted)
         except Exception as exc:
             await request.respond_error("500", " ".join(str(exc).split()) or repr(exc))
             return
@@ -115,6 +145,5 @@ async def serve_profiles(
             await request.respond(codec.encode(profile), headers=codec.headers())
 
     await service.add_endpoint(
-        name=PROFILE_ENDPOINT, subject=subjects.node_profile(node), handler=on_request,
-        metadata={"node": node},
+        name=name, subject=subject, handler=on_request, metadata={"node": node}
     )

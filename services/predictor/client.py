@@ -19,6 +19,8 @@ from nats.micro.request import ERROR_CODE_HEADER, ERROR_HEADER
 
 from libs.common import codec, subjects
 from libs.common.schemas import (
+    ComputeProfile,
+    ComputeProfileRequest,
     CpuProfile,
     CpuProfileRequest,
     Prediction,
@@ -72,10 +74,20 @@ class PredictorClient:
 
     async def cpu_profile(self, model: str) -> CpuProfile | None:
         """The model's measured CPU profile; None when none was measured."""
+        return await self._stored(
+            subjects.PREDICT_CPU_PROFILE, CpuProfileRequest(model=model), CpuProfile
+        )
+
+    async def compute_profile(self, model: str) -> ComputeProfile | None:
+        """The model's compute profile (GENIE's profiling run); None when none was measured."""
+        return await self._stored(
+            subjects.PREDICT_COMPUTE_PROFILE, ComputeProfileRequest(model=model), ComputeProfile
+        )
+
+    async def _stored(self, subject: str, req: msgspec.Struct, kind: type[T]) -> T | None:
+        """What the predictor stored; None when it has nothing (404)."""
         try:
-            return await self._ask(
-                subjects.PREDICT_CPU_PROFILE, CpuProfileRequest(model=model), CpuProfile
-            )
+            return await self._ask(subject, req, kind)
         except PredictorError as exc:
             if exc.code == "404":
                 return None

@@ -32,6 +32,9 @@ class PredictorConfig:
     profile_cpu: bool = False
     #: how long a node may take to measure one
     profile_timeout_s: float = 300.0
+    #: GENIE: have the node where a job of a model without a compute profile first runs
+    #: measure it (see services/nodeagent/compute_profiling.py)
+    profile_compute: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.nats_url, str) or not self.nats_url.startswith(NATS_SCHEMES):
@@ -63,6 +66,10 @@ class PredictorConfig:
             raise ValueError(f"save_every_s must be a number > 0, got {every!r}")
         if not isinstance(self.profile_cpu, bool):
             raise ValueError(f"profile_cpu must be true or false, got {self.profile_cpu!r}")
+        if not isinstance(self.profile_compute, bool):
+            raise ValueError(
+                f"profile_compute must be true or false, got {self.profile_compute!r}"
+            )
         limit = self.profile_timeout_s
         if isinstance(limit, bool) or not isinstance(limit, int | float) or not limit > 0:
             raise ValueError(f"profile_timeout_s must be a number > 0, got {limit!r}")
@@ -71,8 +78,9 @@ class PredictorConfig:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> PredictorConfig:
         """NATS_URL, GPUSCHED_DATA_DIR, GPUSCHED_PREDICTOR_HISTORY_WEIGHT,
         GPUSCHED_PREDICTOR_METRICS_PORT, GPUSCHED_PREDICTOR_METRICS_HOST,
-        GPUSCHED_PREDICTOR_SAVE_EVERY_S, GPUSCHED_PREDICTOR_PROFILE_CPU and
-        GPUSCHED_PREDICTOR_PROFILE_TIMEOUT_S; unset or empty variables keep the defaults."""
+        GPUSCHED_PREDICTOR_SAVE_EVERY_S, GPUSCHED_PREDICTOR_PROFILE_CPU,
+        GPUSCHED_PREDICTOR_PROFILE_TIMEOUT_S and GPUSCHED_PREDICTOR_PROFILE_COMPUTE; unset
+        or empty variables keep the defaults."""
         return cls(**load(ENVIRONMENT, environ))
 
 
@@ -86,4 +94,5 @@ ENVIRONMENT: dict[str, Setting[Any]] = {
     "save_every_s": Setting("GPUSCHED_PREDICTOR_SAVE_EVERY_S", settings.number()),
     "profile_cpu": Setting("GPUSCHED_PREDICTOR_PROFILE_CPU", settings.boolean()),
     "profile_timeout_s": Setting("GPUSCHED_PREDICTOR_PROFILE_TIMEOUT_S", settings.number()),
+    "profile_compute": Setting("GPUSCHED_PREDICTOR_PROFILE_COMPUTE", settings.boolean()),
 }

@@ -290,6 +290,13 @@ class BaselinePredictor:
         self._sensitivity[profile.model] = Sensitivity(profile)
         self.changes += 1
 
+    def forget_speed(self, model: str) -> None:
+        """Drop ``model``'s learned speed corrections: its profiled times changed (a
+        compute profile replaced them), and they were ratios to the old ones."""
+        for key in [key for key in self._solo if key[0] == model]:
+            del self._solo[key]
+        self.changes += 1
+
     def cpu_profile(self, model: str) -> CpuProfile | None:
         """The measured profile of ``model``, None where none was measured."""
         found = self._sensitivity.get(model)

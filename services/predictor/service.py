@@ -74,6 +74,7 @@ from libs.common import codec, natsauth, subjects
 from libs.common.bus import Stores, connect, settle
 from libs.common.schemas import (
     SCHEMA_VERSION,
+    ComputeProfileRequest,
     CpuProfile,
     CpuProfileRequest,
     JobProgressEvent,
@@ -88,6 +89,7 @@ from libs.common.schemas import (
 )
 from libs.core.groundtruth import load_performance_model
 from libs.core.perf import UnknownModelError
+from services.predictor.compute_profiles import ComputeProfiler
 from services.predictor.config import PredictorConfig
 from services.predictor.model import BaselinePredictor, Learned
 from services.predictor.progress import DEFAULT_EPOCH_SAMPLES, ProgressLearner, StoredHistories
@@ -240,6 +242,8 @@ class PredictorService:
         #: models whose CPU profile a node is measuring now
         self._profiling: dict[str, asyncio.Task[CpuProfile | None]] = {}
         self._background: set[asyncio.Task[None]] = set()
+        #: GENIE's compute profiles (services/predictor/compute_profiles.py)
+        self.compute = ComputeProfiler(self.predictor, config.profile_timeout_s)
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -258,6 +262,7 @@ class PredictorService:
             await self._restore_learned()
             await self._restore_histories()
             await self._restore_sizes()
+            await self.compute.start(self._nc, self._learned_kv)
             self._service = await micro.add_service(
                 self._nc,
                 name=SERVICE_NAME,
@@ -281,6 +286,10 @@ class PredictorService:
             await group.add_endpoint(
                 name=subjects.PREDICT_CPU_PROFILE.removeprefix(subjects.PREDICTOR_GROUP + "."),
                 handler=self._answer_cpu_profile,
+            )
+            await group.add_endpoint(
+                name=subjects.PREDICT_COMPUTE_PROFILE.removeprefix(subjects.PREDICTOR_GROUP + "."),
+                handler=self._answer_compute_profile,
             )
             await group.add_endpoint(
                 name=subjects.PREDICT_SIZE_ERROR.removeprefix(subjects.PREDICTOR_GROUP + "."),
@@ -313,6 +322,7 @@ class PredictorService:
             with contextlib.suppress(BaseException):
                 await task
         self._profiling.clear()
+        await self.compute.stop()
         await self.sizes.stop()
         if self._saver is not None:
             self._saver.cancel()
@@ -413,6 +423,16 @@ class PredictorService:
             return self.sizes.report(), request.data.lstrip()[:1] == b"{"
 
         await self._serve("size_error", request, work)
+
+    async def _answer_compute_profile(self, request: Request) -> None:
+        async def work() -> tuple[msgspec.Struct, bool]:
+            try:
+                wanted, as_json = decode_as(request.data, request.headers, ComputeProfileRequest)
+            except BadRequest as exc:
+                raise ServiceError("400", _one_line(str(exc))) from None
+            return await self.compute.answer(wanted), as_json
+
+        await self._serve("compute_profile", request, work)
 
     async def _serve(
         self,
@@ -535,6 +555,9 @@ class PredictorService:
                 task = asyncio.create_task(self._profile_first_run(event))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
+            if self.config.profile_compute and event.state is JobState.RUNNING and event.placement:
+                assert self._stores is not None
+                self.compute.on_running(event, self._stores)
         except Exception:
             self.metrics.observations.labels("completion", "invalid").inc()
             log.exception("learning from a completed job failed", job_id=event.job_id)

@@ -37,6 +37,7 @@ from libs.common.retry import backoff, retry
 from libs.common.schemas import (
     CancelRequest,
     CommandReply,
+    ComputeProfile,
     CpuProfile,
     DecisionSummary,
     Heartbeat,
@@ -64,6 +65,7 @@ from libs.core.perf import PerformanceModel, UnknownModelError
 from libs.core.progress import MIN_EPOCHS
 from libs.core.snapshot import Snapshot
 from services.predictor.client import PredictorClient, PredictorClientError
+from services.predictor.compute_profiles import with_compute_profile
 from services.predictor.cpu_profiles import Sensitivity
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.lease import LeaderLease
@@ -199,6 +201,13 @@ class Measured:
 
 
 @dataclass(frozen=True)
+class ComputeMeasured:
+    """A model's compute profile, from GENIE's profiling run (from the predictor)."""
+
+    profile: ComputeProfile
+
+
+@dataclass(frozen=True)
 class StopFailed:
     job_id: str
     run_id: int
@@ -207,7 +216,7 @@ class StopFailed:
 
 Message = (
     Durable | Beat | ProgressSeen | Round | Sweep | Rescan | StartResult | StopFailed
-    | Estimated | Measured | RemainingPredicted
+    | Estimated | Measured | RemainingPredicted | ComputeMeasured
 )
 
 
@@ -231,6 +240,8 @@ class LiveScheduler(Actor[Message]):
         #: models whose measured CPU profile was asked for (the predictor publishes
         #: any measured later)
         self.profiles_asked: set[str] = set()
+        #: models whose compute profile was asked for (likewise)
+        self.compute_asked: set[str] = set()
         #: ONES: running jobs' remaining iterations come from the progress predictor
         self.predicts_progress = bool(getattr(self.policy, "predicts_progress", False))
         self.jobs: dict[str, LiveJob] = {}
@@ -382,6 +393,9 @@ class LiveScheduler(Actor[Message]):
         self.jobs[job_id] = job
         # the profile answers now; the predictor's (learned) figure replaces it when it comes
         self.spawn(self._ask_predictor(record))
+        if record.current_spec.model not in self.compute_asked:
+            self.compute_asked.add(record.current_spec.model)
+            self.spawn(self._ask_compute_profile(record.current_spec.model))
         return job
 
     def _profiled_iteration_s(self, record: JobRecord) -> float:
@@ -419,6 +433,16 @@ class LiveScheduler(Actor[Message]):
                 return
             if profile is not None:
                 self.tell(Measured(profile))
+
+    async def _ask_compute_profile(self, model: str) -> None:
+        try:
+            profile = await self.predictor.compute_profile(model)
+        except PredictorClientError as exc:
+            self.compute_asked.discard(model)  # the next job of it asks again
+            self.log.debug("no compute profile from the predictor", error=str(exc))
+            return
+        if profile is not None:
+            self.tell(ComputeMeasured(profile))
 
     async def _ask_remaining(self, record: JobRecord, iteration: int) -> None:
         """A running job's remaining iterations from the progress predictor (runs beside
@@ -485,6 +509,17 @@ class LiveScheduler(Actor[Message]):
                 self.scaled = self.scaled.with_measured(Sensitivity(profile))
                 self.estimates = self.scaled
                 self.log.info("using a measured CPU profile", model=profile.model)
+                self._request_round()
+            case ComputeMeasured(profile):
+                # GENIE: the model's iteration times from its profiling run and the
+                # platform model; its jobs are estimated again
+                inner = with_compute_profile(self.scaled.inner, profile)
+                self.scaled = ScaledModel(inner, self.scaled.time_scale, self.scaled.measured)
+                self.estimates = self.scaled
+                for job in self.jobs.values():
+                    if job.record.current_spec.model == profile.model:
+                        self._reestimate(job)
+                self.log.info("using a compute profile", model=profile.model)
                 self._request_round()
             case StopFailed():
                 self.log.warning("stop not confirmed", job_id=message.job_id, error=message.error)
@@ -1253,6 +1288,11 @@ class SchedulerService:
                 cb=functools.partial(_tell, scheduler, CpuProfile, Measured),
             )
             stack.push_async_callback(_unsubscribe, profiles)
+            computed = await self.nc.subscribe(
+                subjects.ALL_COMPUTE_PROFILES,
+                cb=functools.partial(_tell, scheduler, ComputeProfile, ComputeMeasured),
+            )
+            stack.push_async_callback(_unsubscribe, computed)
             consumer = asyncio.create_task(self._consume(scheduler), name="scheduler-consumer")
 
             async def stop_consumer() -> None:

@@ -58,8 +58,14 @@ def profile_batch(
         result["error"] = "out of memory"
         return result
     mean = statistics.fmean(durations)
+    # what one all-reduce of the gradients carries (GENIE's model size)
+    result["parameter_bytes"] = sum(
+        p.numel() * p.element_size() for p in trainer.net.parameters() if p.requires_grad
+    )
     result["mean_iteration_s"] = mean
     result["stdev_iteration_s"] = statistics.stdev(durations) if len(durations) > 1 else 0.0
+    # a busy machine's pauses land in the mean; the median is the iteration's own work
+    result["median_iteration_s"] = statistics.median(durations)
     result["samples_per_s"] = batch_size / mean if mean > 0 else None
     if on_cuda:
         result["gpu_mem_mb"] = torch.cuda.max_memory_allocated() / 2**20

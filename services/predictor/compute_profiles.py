@@ -1,0 +1,319 @@
+"""GENIE's estimates: a model's iteration time at any placement from its measured
+compute profile (:class:`~libs.common.schemas.ComputeProfile`, see
+services/nodeagent/compute_profiling.py) and the platform model (libs/core/platform.py).
+
+- **Compute** at a per-GPU batch ``b``: the line through the measured points (the
+  profiled batch and its half), ``t0 + s b``, with ``t0`` and ``s`` at least 0 (noise that
+  would make either negative leaves the line through the origin, or flat); one point
+  alone is taken as flat. An iteration with ``k`` accumulation steps computes ``k``
+  sub-batches and all-reduces once.
+- **Communication**: the ring all-reduce of the model's parameter bytes at the placement,
+  from the links measured on a node (intra-node; inter-node too when the cluster's nodes
+  share that machine, ``shared_machine``), else the configured figures of the built-in
+  profiles' ``network``.
+
+:class:`ComputeProfiled` is a performance model that answers ``iteration_time`` this way
+for the models with a profile and asks the model it wraps for everything else; the
+predictor answers with it, and the live scheduler's estimates follow the profiles the
+predictor publishes. :class:`ComputeProfiler` is the predictor's part: it keeps the
+latest profile of each model and the latest link measurement (KV ``gpusched_predictor``,
+key ``compute_profiles``), has a node measure a model on request or, with
+``GPUSCHED_PREDICTOR_PROFILE_COMPUTE=1``, where a job of an unprofiled model first runs,
+and publishes each profile it stores on ``gpusched.model.<model>.compute_profile``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+
+import msgspec
+import structlog
+from nats.aio.client import Client
+from nats.js.errors import KeyNotFoundError
+from nats.js.kv import KeyValue
+from nats.micro.request import ERROR_HEADER, ServiceError
+
+from libs.common import codec, subjects
+from libs.common.bus import Stores
+from libs.common.schemas import (
+    ComputeProfile,
+    ComputeProfileRequest,
+    JobRecord,
+    JobStateEvent,
+    LinkProfile,
+)
+from libs.core.perf import CpuMemDemand, PerformanceModel
+from libs.core.platform import PlatformModel, fit_link
+from libs.core.profiles.builtin import Network, load_builtin
+from libs.core.shape import JobShape
+from services.predictor.model import BaselinePredictor
+
+#: in the predictor's bucket: the stored compute profiles and link measurement
+STORED_KEY = "compute_profiles"
+
+log = structlog.get_logger("gpusched.predictor")
+
+
+def configured_network() -> Network:
+    """The built-in profiles' network figures (used where nothing was measured)."""
+    return load_builtin()[1]
+
+
+def platform_of(links: LinkProfile | None, network: Network) -> PlatformModel:
+    """The platform model of a link measurement, ``network``'s figures where it has none."""
+    if links is None:
+        return PlatformModel.configured(network)
+    measured = fit_link([(p.nbytes, p.seconds) for p in links.points])
+    return PlatformModel.measured(measured, measured if links.shared_machine else None, network)
+
+
+def compute_line(profile: ComputeProfile) -> tuple[float, float]:
+    """``(t0, s)``: compute seconds per iteration at per-GPU batch ``b`` are ``t0 + s b``."""
+    points = sorted({(p.batch_size, p.iteration_s) for p in profile.points})
+    if len({b for b, _ in points}) < 2:
+        return sum(t for _, t in points) / len(points), 0.0
+    (b1, t1), (b2, t2) = points[0], points[-1]
+    slope = (t2 - t1) / (b2 - b1)
+    if slope < 0:
+        return sum(t for _, t in points) / len(points), 0.0
+    t0 = t1 - slope * b1
+    if t0 < 0:
+        return 0.0, sum(t for _, t in points) / sum(b for b, _ in points)
+    return t0, slope
+
+
+class ComputeProfiled:
+    """A performance model whose iteration times of the profiled models come from their
+    compute profiles and the platform model (see the module); the rest from ``inner``."""
+
+    def __init__(
+        self,
+        inner: PerformanceModel,
+        profiles: Mapping[str, ComputeProfile],
+        network: Network | None = None,
+    ) -> None:
+        self.inner = inner
+        self.profiles = dict(profiles)
+        self.network = network or configured_network()
+        self._lines = {model: compute_line(p) for model, p in self.profiles.items()}
+        self._platforms = {
+            model: platform_of(p.links, self.network) for model, p in self.profiles.items()
+        }
+        self._cache: dict[tuple[str, int, int, int, int], float] = {}
+
+    def with_profile(self, profile: ComputeProfile) -> ComputeProfiled:
+        """A new model (policies forget what they derived from the old one) that times
+        ``profile.model`` from this profile."""
+        return ComputeProfiled(self.inner, {**self.profiles, profile.model: profile}, self.network)
+
+    def platform(self, model: str) -> PlatformModel:
+        """The platform model ``model``'s profile is read with."""
+        return self._platforms[model]
+
+    def compute_s(self, model: str, per_gpu_batch: float) -> float:
+        t0, slope = self._lines[model]
+        return t0 + slope * per_gpu_batch
+
+    def iteration_time(
+        self, model: str, batch_size: int, gpus: int, nodes: int, accum_steps: int = 1
+    ) -> float:
+        if model not in self.profiles:
+            return self.inner.iteration_time(model, batch_size, gpus, nodes, accum_steps)
+        key = (model, batch_size, gpus, nodes, accum_steps)
+        found = self._cache.get(key)
+        if found is None:
+            compute = accum_steps * self.compute_s(model, batch_size / (gpus * accum_steps))
+            found = (
+                self._platforms[model]
+                .predict(compute, self.profiles[model].model_bytes, gpus, nodes)
+                .iteration_s
+            )
+            self._cache[key] = found
+        return found
+
+    def models(self) -> tuple[str, ...]:
+        return self.inner.models()
+
+    def default_batch_size(self, model: str) -> int:
+        return self.inner.default_batch_size(model)
+
+    def colocation_slowdown(self, shape: JobShape, partner: JobShape) -> float:
+        return self.inner.colocation_slowdown(shape, partner)
+
+    def gpu_memory_mb(self, model: str, per_gpu_batch: float) -> float:
+        return self.inner.gpu_memory_mb(model, per_gpu_batch)
+
+    def cpu_mem_speedup(
+        self, model: str, gpus: int, cpus_per_gpu: float, mem_gb_per_gpu: float
+    ) -> float:
+        return self.inner.cpu_mem_speedup(model, gpus, cpus_per_gpu, mem_gb_per_gpu)
+
+    def cpu_mem_demand(self, model: str) -> CpuMemDemand:
+        return self.inner.cpu_mem_demand(model)
+
+
+def with_compute_profile(model: PerformanceModel, profile: ComputeProfile) -> ComputeProfiled:
+    """``model`` timing ``profile.model`` from the profile (``model`` may already be a
+    :class:`ComputeProfiled`: its other profiles stay)."""
+    if isinstance(model, ComputeProfiled):
+        return model.with_profile(profile)
+    return ComputeProfiled(model, {profile.model: profile})
+
+
+class StoredComputeProfiles(msgspec.Struct, frozen=True, kw_only=True):
+    """What the predictor keeps between restarts (key :data:`STORED_KEY`)."""
+
+    profiles: list[ComputeProfile] = []
+    links: LinkProfile | None = None
+
+
+class ProfilingFailed(RuntimeError):
+    """A node did not measure a compute profile."""
+
+
+class ComputeProfiler:
+    """The predictor's compute profiles: stored, measured on request, published."""
+
+    def __init__(
+        self, predictor: BaselinePredictor, timeout_s: float, network: Network | None = None
+    ) -> None:
+        self.predictor = predictor
+        #: what the predictor answers from where no model has a profile
+        self.base = predictor.performance
+        self.timeout_s = timeout_s
+        self.network = network or configured_network()
+        self.profiles: dict[str, ComputeProfile] = {}
+        self.links: LinkProfile | None = None
+        self._measuring: dict[str, asyncio.Task[ComputeProfile | None]] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self._nc: Client | None = None
+        self._kv: KeyValue | None = None
+
+    def get(self, model: str) -> ComputeProfile | None:
+        return self.profiles.get(model)
+
+    def _follow(self) -> None:
+        """The predictor answers from the profiles stored now."""
+        self.predictor.performance = ComputeProfiled(self.base, self.profiles, self.network)
+
+    async def start(self, nc: Client, kv: KeyValue) -> None:
+        """Take back what an earlier instance stored."""
+        self._nc, self._kv = nc, kv
+        try:
+            entry = await kv.get(STORED_KEY)
+            stored = codec.decode(entry.value or b"", StoredComputeProfiles)
+        except KeyNotFoundError:
+            return
+        except msgspec.DecodeError as exc:
+            log.warning("stored compute profiles unreadable; starting without", error=str(exc))
+            return
+        self.profiles = {p.model: p for p in stored.profiles}
+        self.links = stored.links
+        self._follow()
+        log.info("restored compute profiles", models=sorted(self.profiles))
+
+    async def stop(self) -> None:
+        for task in [*self._background, *self._measuring.values()]:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        self._measuring.clear()
+
+    async def answer(self, wanted: ComputeProfileRequest) -> ComputeProfile:
+        """The stored profile, or one ``wanted.node`` measures first (see the request).
+        Raises ``ServiceError`` 404 (none) or 502 (the node failed)."""
+        profile = self.profiles.get(wanted.model)
+        if wanted.node is not None and (profile is None or wanted.refresh):
+            profile = await self._profile(wanted, wanted.node)
+            if profile is None:
+                raise ServiceError(
+                    "502", f"node {wanted.node} could not measure {wanted.model!r} (see its log)"
+                )
+        if profile is None:
+            raise ServiceError("404", f"no compute profile of {wanted.model!r}")
+        return profile
+
+    def on_running(self, event: JobStateEvent, stores: Stores) -> None:
+        """A job started: have its first node profile its model if nobody has yet
+        (beside the caller: measuring takes seconds)."""
+        task = asyncio.create_task(self._profile_first_run(event, stores))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _profile_first_run(self, event: JobStateEvent, stores: Stores) -> None:
+        try:
+            entry = await stores.jobs.get(event.job_id)
+            spec = codec.decode(entry.value or b"", JobRecord).current_spec
+        except Exception as exc:  # no record (yet), unreadable, NATS away: no profile now
+            log.debug("no model to profile", job_id=event.job_id, error=repr(exc))
+            return
+        if spec.model in self.profiles or spec.model in self._measuring:
+            return
+        wanted = ComputeProfileRequest(model=spec.model, batch_size=spec.batch_size)
+        await self._profile(wanted, event.placement[0].node)
+
+    async def _profile(self, wanted: ComputeProfileRequest, node: str) -> ComputeProfile | None:
+        """Have ``node`` measure (joining a measurement of the model under way)."""
+        task = self._measuring.get(wanted.model)
+        if task is None:
+            task = asyncio.create_task(self._measure(wanted, node))
+            self._measuring[wanted.model] = task
+            task.add_done_callback(lambda _: self._measuring.pop(wanted.model, None))
+        return await asyncio.shield(task)
+
+    async def _measure(self, wanted: ComputeProfileRequest, node: str) -> ComputeProfile | None:
+        assert self._nc is not None
+        bound = log.bind(model=wanted.model, node=node)
+        # the links are measured once (and again on a refresh), then carried by every profile
+        request = msgspec.structs.replace(
+            wanted, node=None, links=self.links is None or wanted.refresh
+        )
+        try:
+            reply = await self._nc.request(
+                subjects.node_compute_profile(node), codec.encode(request),
+                timeout=self.timeout_s, headers=codec.headers(),
+            )  # fmt: skip
+            error = (reply.headers or {}).get(ERROR_HEADER)
+            if error:
+                bound.warning("measuring a compute profile failed", error=error)
+                return None
+            profile = codec.decode(reply.data, ComputeProfile)
+        except Exception as exc:
+            bound.warning("measuring a compute profile failed", error=repr(exc))
+            return None
+        if profile.links is not None:
+            self.links = profile.links
+        profile = msgspec.structs.replace(profile, links=self.links)
+        self.profiles[profile.model] = profile
+        self.predictor.forget_speed(profile.model)
+        self._follow()
+        await self.save()
+        with contextlib.suppress(Exception):
+            await self._nc.publish(
+                subjects.compute_profile_measured(profile.model), codec.encode(profile),
+                headers=codec.headers(),
+            )  # fmt: skip
+        points = [(p.batch_size, p.iteration_s) for p in profile.points]
+        bound.info("stored a compute profile", points=points, model_bytes=profile.model_bytes)
+        return profile
+
+    async def save(self) -> None:
+        if self._kv is None:
+            return
+        stored = StoredComputeProfiles(profiles=list(self.profiles.values()), links=self.links)
+        try:
+            await self._kv.put(STORED_KEY, codec.encode(stored))
+        except Exception as exc:  # NATS away: the next profile saves everything again
+            log.warning("saving compute profiles failed", error=str(exc))
+
+
+__all__ = [
+    "ComputeProfiled",
+    "ComputeProfiler",
+    "StoredComputeProfiles",
+    "compute_line",
+    "platform_of",
+    "with_compute_profile",
+]
