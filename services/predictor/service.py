@@ -35,7 +35,11 @@ request naming a node has that node's agent measure it first when none is stored
 ``refresh`` is set, and with ``profile_cpu`` configured the predictor asks the node
 where a job of a model without one first runs. Every profile stored is published on
 ``gpusched.model.<model>.cpu_profile`` (the scheduler's estimates follow it) and kept
-with the rest of what was learned. What it learned is
+with the rest of what was learned. ``compute_profile`` does the same for GENIE's
+compute profiles (:class:`~libs.common.schemas.ComputeProfileRequest`,
+services/predictor/compute_profiles.py; ``profile_compute`` configured: measured where a
+job of an unprofiled model first runs; published on
+``gpusched.model.<model>.compute_profile``). What it learned is
 saved to the KV bucket ``gpusched_predictor`` every ``save_every_s`` while it changes and
 on stop, and read back at start, so a restarted predictor keeps its corrections.
 """
