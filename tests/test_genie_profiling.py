@@ -58,6 +58,16 @@ def link_points(platform: PlatformModel, noise: float = 0.0) -> list[tuple[float
     ]
 
 
+def test_profiling_compute_is_off_by_default_and_switched_on_by_its_variable():
+    assert PredictorConfig().profile_compute is False
+    on = PredictorConfig.from_env({"GPUSCHED_PREDICTOR_PROFILE_COMPUTE": "1"})
+    assert on.profile_compute is True
+    with pytest.raises(ValueError, match="GPUSCHED_PREDICTOR_PROFILE_COMPUTE"):
+        PredictorConfig.from_env({"GPUSCHED_PREDICTOR_PROFILE_COMPUTE": "often"})
+    with pytest.raises(ValueError, match=r"^profile_compute must be true or false"):
+        PredictorConfig(profile_compute="yes")  # type: ignore[arg-type]
+
+
 # ---- the platform model --------------------------------------------------------------
 
 

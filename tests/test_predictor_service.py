@@ -102,9 +102,11 @@ async def test_the_service_answers_ping_and_info_with_its_name_and_endpoints(
         subjects.PREDICT_CPU_PROFILE,
         subjects.PREDICT_REMAINING,
         subjects.PREDICT_SIZE_ERROR,
+        subjects.PREDICT_COMPUTE_PROFILE,
     }
     assert {e["name"] for e in info["endpoints"]} == {
-        "iterations", "throughput", "slowdown", "cpu_profile", "remaining", "size_error"
+        "iterations", "throughput", "slowdown", "cpu_profile", "remaining", "size_error",
+        "compute_profile",
     }
 
 
