@@ -170,6 +170,10 @@ async def test_a_command_gets_the_job_environment_and_succeeds(
         "GPUSCHED_CHECKPOINT_EVERY": "7",
         "GPUSCHED_PROGRESS_FILE": str(job_dir / "progress-4.jsonl"),
         "GPUSCHED_NODE": NODE,
+        # a plain data-parallel job: one replica per GPU
+        "GPUSCHED_DATA_PARALLEL": "2",
+        "GPUSCHED_TENSOR_PARALLEL": "1",
+        "GPUSCHED_PIPELINE_PARALLEL": "1",
         # emulated GPUs: the agent makes none visible, the job sees what the agent saw
         "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
