@@ -313,10 +313,10 @@ def test_admission_refuses_degrees_whose_product_is_not_the_gpu_count_naming_the
     assert total_iterations(fine, {"gpt2"}) == 10
 
 
-class _MapperFifo:
-    """First come, first served, each job placed by FreeGpus.take_parallel."""
+class _TakeFifo:
+    """First come, first served, each job placed by plain FreeGpus.take (no mapper)."""
 
-    name = "mapper-fifo"
+    name = "take-fifo"
     preemptive = False
     queue_sort = None
 
@@ -324,15 +324,17 @@ class _MapperFifo:
         free = FreeGpus(snapshot)
         starts = []
         for job in snapshot.pending:
-            degrees = Degrees.of(job.gpus, job.tensor_parallel, job.pipeline_parallel)
-            gpus = free.take_parallel(degrees)
+            gpus = free.take(job.gpus)
             if gpus is None:
                 break
             starts.append(Start(job.job_id, tuple(gpus)))
         return Decision(starts=tuple(starts))
 
 
-def test_a_policy_placing_by_the_mapper_runs_a_tensor_parallel_job_faster_than_take() -> None:
+@pytest.mark.parametrize("policy_name", ["fifo", "sjf", "srtf", "asrpt", "genie", "sjf-bsbf"])
+def test_policies_place_a_tensor_parallel_job_by_the_mapper_and_it_runs_faster_than_take(
+    policy_name: str,
+) -> None:
     from libs.core.groundtruth import ProfilePerformanceModel
     from services.scheduler.policies import make_policy
     from services.scheduler.simulator import simulate
@@ -345,15 +347,15 @@ def test_a_policy_placing_by_the_mapper_runs_a_tensor_parallel_job_faster_than_t
     # servers (1 1 0 0: 5 GPUs free there, against 6 on servers 0 and 2)
     assert map_job(Degrees(2, 2), [3, 2, 3]) == (1, 1, 0, 0)
     times = {}
-    for policy in (_MapperFifo(), make_policy("fifo")):
+    for policy in (make_policy(policy_name), _TakeFifo()):
         (outcome,) = simulate(cluster, [job], policy, truth).jobs
         assert outcome.state == "finished" and outcome.finish_time is not None
         times[policy.name] = outcome.finish_time
     degrees = Degrees(2, 2)
-    assert times["mapper-fifo"] == pytest.approx(
+    assert times[policy_name] == pytest.approx(
         100 * truth.parallel_iteration_time("gpt2", 16, degrees, (1, 1, 0, 0))
     )
-    assert times["fifo"] == pytest.approx(
+    assert times["take-fifo"] == pytest.approx(
         100 * truth.parallel_iteration_time("gpt2", 16, degrees, (0, 0, 0, 2))
     )
-    assert times["mapper-fifo"] < times["fifo"]
+    assert times[policy_name] < times["take-fifo"]

@@ -17,7 +17,8 @@ paper's text was not available).
   before it runs again (it was preempted) carries ``restart_s`` more work: the restart
   is charged in its rank.
 - **Real schedule.** Jobs start in that order on the cluster's placement (the
-  consolidated greedy ``FreeGpus.take``), with backfilling: a job that does not fit the
+  consolidated greedy ``FreeGpus.take``; a job with tensor or pipeline parallelism where
+  the communication-aware mapper puts it, ``FreeGpus.take_parallel``), with backfilling: a job that does not fit the
   GPUs left is skipped and later ones may start.
 - **Preemption** only with ``preemptive`` and only of a running job whose restart cost is
   below the bound: ``restart_s <= max_restart_share x`` its predicted remaining time.

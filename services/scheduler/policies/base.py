@@ -9,6 +9,7 @@ from operator import itemgetter
 from typing import Protocol
 
 from libs.core.decision import Decision, Start
+from libs.core.parallelism import Degrees
 from libs.core.placement import FreeGpus
 from libs.core.snapshot import JobView, Snapshot
 
@@ -285,10 +286,19 @@ def place_exclusive(
         accum = shapes.exclusive_accum(job, snapshot)
     else:
         accum = exclusive_accum(job, snapshot, snapshot.cluster.min_gpu_mem_mb) or 1
-    gpus = free.take(job.gpus)
+    gpus = free.take(job.gpus) if model_parallel(job) == 1 else free.take_parallel(
+        Degrees.of(job.gpus, job.tensor_parallel, job.pipeline_parallel)
+    )
     if gpus is None:
         return None
     return Start(job.job_id, tuple(gpus), accum)
+
+
+def model_parallel(job: JobView) -> int:
+    """A job's tensor x pipeline degree; 1 (placed as plain data parallel) for a job
+    resized to a GPU count that degree does not divide, which then runs data parallel."""
+    degree = job.tensor_parallel * job.pipeline_parallel
+    return degree if degree > 1 and job.gpus % degree == 0 else 1
 
 
 def greedy_exclusive(snapshot: Snapshot, ordered: Iterable[JobView], *, backfill: bool) -> Decision:
