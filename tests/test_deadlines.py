@@ -7,9 +7,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from libs.core.decision import Decision
 from libs.core.jobs import JobSpec
+from libs.core.snapshot import Snapshot
 from libs.core.workload import parse_slack_range, with_deadlines
 from services.cli.main import app
 from services.scheduler.policies import make_policy
@@ -157,3 +161,55 @@ def test_genie_says_why_a_job_past_hope_waits():
     decision = make_policy("genie").decide(snap)
     assert decision.starts == ()
     assert "can no longer meet its deadline" in decision.why("late")
+
+
+def _genie_by_full_sort(snap: Snapshot) -> Decision:
+    """GENIE as first written: the whole queue sorted by its SWAF key at the decision."""
+    from services.scheduler.policies.base import greedy_exclusive
+    from services.scheduler.policies.genie import TOO_LATE, swaf_key
+
+    ordered = sorted(snap.pending, key=lambda j: swaf_key(j, snap.now))
+    decision = greedy_exclusive(snap, ordered if snap.free_gpus else (), backfill=True)
+    started = {s.job_id for s in decision.starts}
+    late = {
+        j.job_id: "can no longer meet its deadline: it waits behind every job that can"
+        for j in ordered
+        if swaf_key(j, snap.now)[0] == TOO_LATE
+        and j.job_id not in started
+        and j.job_id not in decision.reasons
+    }
+    return Decision(
+        starts=decision.starts,
+        reasons={**decision.reasons, **late},
+        default_reason=decision.default_reason,
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(1, 4),  # GPUs
+            st.integers(1, 400),  # run time, s
+            st.one_of(st.none(), st.integers(0, 800)),  # deadline
+        ),
+        max_size=12,
+    ),
+    st.integers(0, 300),
+    st.integers(0, 3),
+)
+def test_genie_from_its_fixed_slack_order_decides_as_sorting_the_queue_by_swaf(
+    specs: list[tuple[int, int, int | None]], now: int, busy: int
+):
+    cl = cluster(2, 4)
+    jobs = [
+        replace(pending(f"j{i}", float(run), gpus=gpus, submit=float(i)), deadline=deadline)
+        for i, (gpus, run, deadline) in enumerate(specs)
+    ]
+    blockers = [running("r", 1000.0, tuple(range(busy)))] if busy else []
+    snap = snapshot(cl, PERF, jobs, blockers, now=float(now))
+    decision = make_policy("genie").decide(snap)
+    reference = _genie_by_full_sort(snap)
+    assert decision.starts == reference.starts
+    for view in jobs:
+        assert decision.why(view.job_id) == reference.why(view.job_id)

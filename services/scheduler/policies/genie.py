@@ -24,11 +24,19 @@ run times belong to the predictor; this policy reads the estimates it is given.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import chain, islice
 
 from libs.core.decision import Decision
 from libs.core.snapshot import JobView, Snapshot
-from services.scheduler.policies.base import by_priority, greedy_exclusive, has_priorities
+from services.scheduler.policies.base import (
+    QueueSort,
+    by_priority,
+    greedy_exclusive,
+    has_priorities,
+    ordered_pending,
+)
 
 CAN_MEET, NO_DEADLINE, TOO_LATE = 0, 1, 2
 
@@ -44,38 +52,61 @@ def swaf_key(job: JobView, now: float) -> tuple[int, float, float, str]:
     return (CAN_MEET, allowance, job.submit_time, job.job_id)
 
 
+def slack_key(job: JobView) -> tuple[int, float, float, str]:
+    """A queued job's fixed place: deadline jobs by ``deadline - run time`` (their
+    allowance plus ``now``, so the same order at every decision), then the rest by run
+    time. A queued job's estimate does not change while it waits."""
+    remaining = max(0.0, job.est_remaining_s)
+    if job.deadline is None:
+        return (NO_DEADLINE, remaining, job.submit_time, job.job_id)
+    return (CAN_MEET, job.deadline - remaining, job.submit_time, job.job_id)
+
+
+#: the fixed order a driver may keep GENIE's queue in; the jobs past hope are the
+#: deadline jobs at its head whose allowance has gone below zero
+SLACK_ORDER = QueueSort("deadline-slack", slack_key)
+
+
 @dataclass(frozen=True)
 class Genie:
     """Shortest waiting allowance first, fastest free placement (see the module)."""
 
     name: str = "genie"
     preemptive: bool = False
-    # the order depends on the time of the decision, so there is no fixed queue order
-    queue_sort: None = None
+
+    @property
+    def queue_sort(self) -> QueueSort:
+        return SLACK_ORDER
 
     def decide(self, snapshot: Snapshot) -> Decision:
         now = snapshot.now
-        keys = {job.job_id: swaf_key(job, now) for job in snapshot.pending}
-        ordered = sorted(snapshot.pending, key=lambda job: keys[job.job_id])
+        fixed = ordered_pending(snapshot, SLACK_ORDER)
+        # SWAF without sorting the queue at every decision: in the fixed order the jobs
+        # past hope are a prefix of the deadline jobs (allowance = slack - now < 0)
+        late: list[JobView] = []
+        for job in fixed:
+            if job.deadline is None or swaf_key(job, now)[0] != TOO_LATE:
+                break
+            late.append(job)
+        late.sort(key=lambda job: swaf_key(job, now))
+        ordered: Iterable[JobView] = chain(islice(fixed, len(late), None), late)
         if has_priorities(snapshot):
-            ordered = list(by_priority(ordered))
+            ordered = list(by_priority(list(ordered)))
         # with no idle GPU nothing starts, but a job past hope still hears why it waits
         decision = greedy_exclusive(snapshot, ordered if snapshot.free_gpus else (), backfill=True)
         started = {start.job_id for start in decision.starts}
-        late = {
+        reasons = {
             job.job_id: "can no longer meet its deadline: it waits behind every job that can"
-            for job in ordered
-            if keys[job.job_id][0] == TOO_LATE
-            and job.job_id not in started
-            and job.job_id not in decision.reasons
+            for job in late
+            if job.job_id not in started and job.job_id not in decision.reasons
         }
-        if not late:
+        if not reasons:
             return decision
         return Decision(
             starts=decision.starts,
-            reasons={**decision.reasons, **late},
+            reasons={**decision.reasons, **reasons},
             default_reason=decision.default_reason,
         )
 
 
-__all__ = ["Genie", "swaf_key"]
+__all__ = ["SLACK_ORDER", "Genie", "slack_key", "swaf_key"]
