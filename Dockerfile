@@ -11,7 +11,7 @@ WORKDIR /opt/gpusched
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 RUN pip install --no-cache-dir --index-url "$TORCH_INDEX" "torch==2.13.0"
 
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY libs ./libs
 COPY services ./services
 # every extra: the training worker (torch, installed above) and NVML for real GPUs

@@ -23,10 +23,10 @@ from speed import print_machine_speed  # bench/ is the script's own directory
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from libs.core.workload import alone_run_s, with_deadlines  # noqa: E402
-from services.scheduler.policies import make_policy  # noqa: E402
-from services.scheduler.runner import build_cluster, build_models, load_workload  # noqa: E402
-from services.scheduler.simulator import simulate  # noqa: E402
+from gpusched.libs.core.workload import alone_run_s, with_deadlines  # noqa: E402
+from gpusched.services.scheduler.policies import make_policy  # noqa: E402
+from gpusched.services.scheduler.runner import build_cluster, build_models, load_workload  # noqa: E402
+from gpusched.services.scheduler.simulator import simulate  # noqa: E402
 
 POLICIES = ("genie", "edf", "sjf", "fifo")
 SLACK = (1.2, 3.0)

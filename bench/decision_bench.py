@@ -18,11 +18,11 @@ import time
 
 from speed import print_machine_speed  # bench/ is the script's own directory
 
-from libs.core.cluster import Cluster
-from libs.core.groundtruth import load_performance_model
-from libs.core.lifecycle import JobState
-from libs.core.snapshot import JobView, Snapshot
-from services.scheduler.policies import POLICIES, make_policy
+from gpusched.libs.core.cluster import Cluster
+from gpusched.libs.core.groundtruth import load_performance_model
+from gpusched.libs.core.lifecycle import JobState
+from gpusched.libs.core.snapshot import JobView, Snapshot
+from gpusched.services.scheduler.policies import POLICIES, make_policy
 
 GPU_COUNTS = (1, 1, 1, 1, 1, 1, 1, 2, 4, 8)
 #: one decision at the default size takes minutes (ones: over 5 on the 2-core machine)

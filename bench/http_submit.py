@@ -24,11 +24,11 @@ from typing import Any
 import aiohttp
 from speed import print_machine_speed  # bench/ is the script's own directory
 
-from libs.common import subjects
-from libs.common.bus import Stores, connection
-from libs.common.embedded import NatsServer
-from libs.common.logging import configure_logging
-from services.admission import AdmissionConfig, AdmissionService
+from gpusched.libs.common import subjects
+from gpusched.libs.common.bus import Stores, connection
+from gpusched.libs.common.embedded import NatsServer
+from gpusched.libs.common.logging import configure_logging
+from gpusched.services.admission import AdmissionConfig, AdmissionService
 
 BENCH_TOKEN = "bench-token"
 BODY = json.dumps(

@@ -19,10 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from speed import print_machine_speed  # bench/ is the script's own directory
 
-from libs.common.schemas import GpuInfo, JobRecord, JobSpec, NodeInfo
-from libs.core.groundtruth import load_performance_model
-from services.scheduler.policies import POLICIES, make_policy
-from services.scheduler.state import Layout, LiveJob, build_snapshot
+from gpusched.libs.common.schemas import GpuInfo, JobRecord, JobSpec, NodeInfo
+from gpusched.libs.core.groundtruth import load_performance_model
+from gpusched.services.scheduler.policies import POLICIES, make_policy
+from gpusched.services.scheduler.state import Layout, LiveJob, build_snapshot
 
 
 def main() -> None:

@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nats.aio.msg import Msg
 from speed import print_machine_speed  # bench/ is the script's own directory
 
-from libs.common import codec, subjects
-from libs.common.bus import Stores, connection
-from libs.common.embedded import NatsServer
-from libs.common.logging import configure_logging
-from libs.common.schemas import (
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.bus import Stores, connection
+from gpusched.libs.common.embedded import NatsServer
+from gpusched.libs.common.logging import configure_logging
+from gpusched.libs.common.schemas import (
     Heartbeat,
     JobRecord,
     JobSpec,
@@ -42,10 +42,10 @@ from libs.common.schemas import (
     JobSubmitted,
     StateChange,
 )
-from libs.core.groundtruth import ProfilePerformanceModel
-from services.nodeagent.cluster import EmulatedCluster
-from services.scheduler.config import SchedulerConfig
-from services.scheduler.live import SchedulerService
+from gpusched.libs.core.groundtruth import ProfilePerformanceModel
+from gpusched.services.nodeagent.cluster import EmulatedCluster
+from gpusched.services.scheduler.config import SchedulerConfig
+from gpusched.services.scheduler.live import SchedulerService
 
 MISSED_GAP_S = 2.0
 

@@ -31,12 +31,12 @@ from typing import Any
 from nats.aio.msg import Msg
 from speed import print_machine_speed  # bench/ is the script's own directory
 
-from libs.common import codec, subjects
-from libs.common.bus import connection
-from libs.common.embedded import NatsServer
-from libs.common.logging import configure_logging
-from libs.common.schemas import CommandReply, Heartbeat, JobSpec, StartJob
-from services.nodeagent.cluster import EmulatedCluster
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.bus import connection
+from gpusched.libs.common.embedded import NatsServer
+from gpusched.libs.common.logging import configure_logging
+from gpusched.libs.common.schemas import CommandReply, Heartbeat, JobSpec, StartJob
+from gpusched.services.nodeagent.cluster import EmulatedCluster
 
 #: a heartbeat later than this after the previous one counts as missed
 MISSED_GAP_S = 2.0

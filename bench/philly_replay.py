@@ -21,13 +21,13 @@ from pathlib import Path
 
 from speed import print_machine_speed  # bench/ is the script's own directory
 
-from libs.core.cluster import Cluster
-from libs.core.groundtruth import load_performance_model
-from libs.core.traces import load_trace
-from libs.core.workload import materialize
-from services.scheduler.policies import POLICIES, Policy, make_policy
-from services.scheduler.policies.sjf_bsbf import SjfBsbf
-from services.scheduler.simulator import simulate
+from gpusched.libs.core.cluster import Cluster
+from gpusched.libs.core.groundtruth import load_performance_model
+from gpusched.libs.core.traces import load_trace
+from gpusched.libs.core.workload import materialize
+from gpusched.services.scheduler.policies import POLICIES, Policy, make_policy
+from gpusched.services.scheduler.policies.sjf_bsbf import SjfBsbf
+from gpusched.services.scheduler.simulator import simulate
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """A-SRPT on a recurring workload: learned sizes against oracle, declared and none.
 
-Generates ``--jobs`` recurring jobs (``libs.core.recurring``) on ``--cluster`` and runs
+Generates ``--jobs`` recurring jobs (``gpusched.libs.core.recurring``) on ``--cluster`` and runs
 asrpt with the random forest (``--predictor rf``), srtf (oracle sizes), asrpt with the
 true sizes (its own oracle), sjf on declared sizes, and tiresias (no sizes). Then varies
 the per-submission noise of the true sizes and prints asrpt's average JCT beside the
@@ -15,14 +15,14 @@ import argparse
 
 from speed import print_machine_speed  # bench/ is the script's own directory
 
-from libs.core.cluster import Cluster
-from libs.core.groundtruth import load_performance_model
-from libs.core.jobs import JobSpec
-from libs.core.perf import PerformanceModel
-from libs.core.recurring import RecurringConfig, recurring_jobs
-from services.scheduler.policies import make_policy
-from services.scheduler.results import SimResult
-from services.scheduler.simulator import SimConfig, simulate
+from gpusched.libs.core.cluster import Cluster
+from gpusched.libs.core.groundtruth import load_performance_model
+from gpusched.libs.core.jobs import JobSpec
+from gpusched.libs.core.perf import PerformanceModel
+from gpusched.libs.core.recurring import RecurringConfig, recurring_jobs
+from gpusched.services.scheduler.policies import make_policy
+from gpusched.services.scheduler.results import SimResult
+from gpusched.services.scheduler.simulator import SimConfig, simulate
 
 #: (label, policy, predictor)
 RUNS = (

@@ -25,11 +25,11 @@ import aiohttp
 from nats.aio.msg import Msg
 from speed import print_machine_speed  # bench/ is the script's own directory
 
-from libs.common import codec, subjects
-from libs.common.bus import connection
-from libs.common.logging import configure_logging
-from libs.common.schemas import JobState, JobStateEvent
-from services.cli.up import LocalCluster, UpConfig
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.bus import connection
+from gpusched.libs.common.logging import configure_logging
+from gpusched.libs.common.schemas import JobState, JobStateEvent
+from gpusched.services.cli.up import LocalCluster, UpConfig
 
 
 async def measure(jobs: int, policy: str) -> dict[str, float]:

@@ -41,7 +41,7 @@ def main() -> None:
         began = time.perf_counter()
         subprocess.run(
             [
-                sys.executable, "-m", "services.cli.main", "simulate",
+                sys.executable, "-m", "gpusched.services.cli.main", "simulate",
                 "--trace", f"synergy:{args.jobs}", "--rate", str(args.rate),
                 "--cluster", "16x8", "--cpus-per-node", "24", "--mem-gb-per-node", "500",
                 "--speed-model", "binary", "--round-s", "300",

@@ -23,11 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from speed import print_machine_speed  # bench/ is the script's own directory
 
-from libs.common import codec, subjects
-from libs.common.bus import Stores, connection
-from libs.common.embedded import NatsServer, wait_until
-from libs.common.logging import configure_logging
-from libs.common.schemas import (
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.bus import Stores, connection
+from gpusched.libs.common.embedded import NatsServer, wait_until
+from gpusched.libs.common.logging import configure_logging
+from gpusched.libs.common.schemas import (
     GpuInfo,
     Heartbeat,
     JobRecord,
@@ -36,8 +36,8 @@ from libs.common.schemas import (
     NodeInfo,
     StateChange,
 )
-from services.scheduler.config import SchedulerConfig
-from services.scheduler.live import SchedulerService
+from gpusched.services.scheduler.config import SchedulerConfig
+from gpusched.services.scheduler.live import SchedulerService
 
 BATCH = 2_000
 

@@ -39,8 +39,8 @@ def measure(
     """One point, in this process (the child): prints a JSON line. ``data_only``: the
     input pipeline alone, no model."""
     os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])
-    from services.nodeagent.worker.catalog import ModelSpec, cpu_cost_for
-    from services.nodeagent.worker.training import Resources, Trainer, TrainingOptions
+    from gpusched.services.nodeagent.worker.catalog import ModelSpec, cpu_cost_for
+    from gpusched.services.nodeagent.worker.training import Resources, Trainer, TrainingOptions
 
     options = TrainingOptions(dataset_size=DATASET_SIZE, cpu_cost=cpu_cost_for(model))
     trainer = Trainer(

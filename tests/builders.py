@@ -5,18 +5,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from libs.core.cluster import (
+from gpusched.libs.core.cluster import (
     DEFAULT_CPUS_PER_GPU,
     DEFAULT_HOST_MEM_GB_PER_GPU,
     Cluster,
     Node,
 )
-from libs.core.convergence import Convergence
-from libs.core.jobs import JobSpec
-from libs.core.lifecycle import JobState
-from libs.core.perf import CpuMemDemand, UnknownModelError
-from libs.core.shape import JobShape
-from libs.core.snapshot import JobView, Snapshot
+from gpusched.libs.core.convergence import Convergence
+from gpusched.libs.core.jobs import JobSpec
+from gpusched.libs.core.lifecycle import JobState
+from gpusched.libs.core.perf import CpuMemDemand, UnknownModelError
+from gpusched.libs.core.shape import JobShape
+from gpusched.libs.core.snapshot import JobView, Snapshot
 
 
 @dataclass(frozen=True)

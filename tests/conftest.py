@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 from nats.aio.client import Client
 
-from libs.common.bus import Stores, connection
-from libs.common.embedded import NatsServer
+from gpusched.libs.common.bus import Stores, connection
+from gpusched.libs.common.embedded import NatsServer
 
 # no example may fail for taking long: the suite runs on busy 2-core machines too. The
 # examples are the same on every run (derandomize), so the suite passes or fails alike

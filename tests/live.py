@@ -6,11 +6,11 @@ import itertools
 import time
 from typing import Any
 
-from libs.common import codec, subjects
-from libs.common.bus import Stores
-from libs.common.embedded import wait_until
-from libs.common.schemas import JobRecord, JobSpec, JobState, JobSubmitted, StateChange
-from services.scheduler.config import SchedulerConfig
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.embedded import wait_until
+from gpusched.libs.common.schemas import JobRecord, JobSpec, JobState, JobSubmitted, StateChange
+from gpusched.services.scheduler.config import SchedulerConfig
 
 _ids = itertools.count()
 

@@ -17,10 +17,10 @@ import msgspec
 import pytest
 from nats.aio.client import Client
 
-from libs.common import codec, subjects
-from libs.common.bus import Stores
-from libs.common.embedded import NatsServer, wait_until
-from libs.common.schemas import (
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.embedded import NatsServer, wait_until
+from gpusched.libs.common.schemas import (
     CancelRequest,
     GpuInfo,
     GpuTelemetry,
@@ -37,8 +37,8 @@ from libs.common.schemas import (
     Telemetry,
     now,
 )
-from services.admission import AdmissionConfig, AdmissionService
-from services.admission.ids import idempotent_job_id
+from gpusched.services.admission import AdmissionConfig, AdmissionService
+from gpusched.services.admission.ids import idempotent_job_id
 
 TOKENS = {"tok-alpha": "alpha", "tok-beta": "beta", "tok-capped": "capped"}
 QUOTAS = {"capped": 4}

@@ -11,10 +11,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from libs.common.bus import Stores
-from libs.common.embedded import NatsServer
-from services.admission import AdmissionConfig, AdmissionService, quota
-from services.admission.quota import read_ledger
+from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.embedded import NatsServer
+from gpusched.services.admission import AdmissionConfig, AdmissionService, quota
+from gpusched.services.admission.quota import read_ledger
 from tests.test_admission_api import QUOTAS, TOKENS, Api, spec, stored_jobs
 
 

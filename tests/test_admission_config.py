@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from services.admission.config import AdmissionConfig
+from gpusched.services.admission.config import AdmissionConfig
 
 URL = "nats://127.0.0.1:4222"
 

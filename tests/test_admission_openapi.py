@@ -27,9 +27,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from libs.common.embedded import NatsServer
-from libs.core.groundtruth import load_performance_model
-from services.admission import AdmissionConfig, AdmissionService
+from gpusched.libs.common.embedded import NatsServer
+from gpusched.libs.core.groundtruth import load_performance_model
+from gpusched.services.admission import AdmissionConfig, AdmissionService
 from tests.test_admission_api import QUOTAS, TOKENS, Api, spec
 
 AUTH = {"Authorization": "Bearer tok-alpha"}

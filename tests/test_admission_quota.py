@@ -12,12 +12,12 @@ import aiohttp
 import pytest
 from nats.js.kv import KeyValue
 
-from libs.common import subjects
-from libs.common.bus import Stores
-from libs.common.embedded import NatsServer, wait_until
-from libs.common.schemas import JobState
-from services.admission import AdmissionConfig, AdmissionService, quota
-from services.admission.quota import Ledger, Reservation, ledger_key, read_ledger
+from gpusched.libs.common import subjects
+from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.embedded import NatsServer, wait_until
+from gpusched.libs.common.schemas import JobState
+from gpusched.services.admission import AdmissionConfig, AdmissionService, quota
+from gpusched.services.admission.quota import Ledger, Reservation, ledger_key, read_ledger
 from tests.test_admission_api import QUOTAS, TOKENS, Api, set_state, spec, stored_jobs
 
 

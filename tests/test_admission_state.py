@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import msgspec
 
-from libs.common import codec
-from libs.common.schemas import JobRecord, JobSpec, JobState, Placement
-from services.admission.state import JobIndex
+from gpusched.libs.common import codec
+from gpusched.libs.common.schemas import JobRecord, JobSpec, JobState, Placement
+from gpusched.services.admission.state import JobIndex
 
 
 def record(job_id: str, tenant: str = "alpha", gpus: int = 1, **changes: object) -> bytes:

@@ -13,16 +13,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from libs.core.cluster import Cluster
-from libs.core.decision import Decision
-from libs.core.groundtruth import load_performance_model
-from libs.core.recurring import RecurringConfig, recurring_jobs
-from libs.core.size_predictor import SizePredictor, SizeRow, SubmissionSizes, template_of
-from libs.core.snapshot import Snapshot
-from services.scheduler.policies import make_policy
-from services.scheduler.policies.asrpt import Asrpt
-from services.scheduler.policies.preemptive import Srtf
-from services.scheduler.simulator import SimConfig, simulate
+from gpusched.libs.core.cluster import Cluster
+from gpusched.libs.core.decision import Decision
+from gpusched.libs.core.groundtruth import load_performance_model
+from gpusched.libs.core.recurring import RecurringConfig, recurring_jobs
+from gpusched.libs.core.size_predictor import SizePredictor, SizeRow, SubmissionSizes, template_of
+from gpusched.libs.core.snapshot import Snapshot
+from gpusched.services.scheduler.policies import make_policy
+from gpusched.services.scheduler.policies.asrpt import Asrpt
+from gpusched.services.scheduler.policies.preemptive import Srtf
+from gpusched.services.scheduler.simulator import SimConfig, simulate
 from tests.builders import cluster, job
 from tests.test_invariants import PERF, Audited
 
@@ -248,7 +248,7 @@ def test_the_recurring_workload_is_seeded_and_declares_at_least_the_truth():
 def _gpusched(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "services.cli.main", "simulate", *args, "--out",
+        [sys.executable, "-m", "gpusched.services.cli.main", "simulate", *args, "--out",
          str(tmp_path / "out")],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300, check=False,
     )  # fmt: skip

@@ -25,10 +25,10 @@ from typing import Any
 import aiohttp
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from libs.common import codec, subjects
-from libs.common.bus import Stores, connection
-from libs.common.embedded import NatsServer, free_port, wait_until
-from libs.common.schemas import JobExit, JobRecord, JobState
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.bus import Stores, connection
+from gpusched.libs.common.embedded import NatsServer, free_port, wait_until
+from gpusched.libs.common.schemas import JobExit, JobRecord, JobState
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 JOBS = 2_000
@@ -98,7 +98,7 @@ def service(name: str, nats_url: str, tmp: Path, **env: str) -> Process:
         **os.environ, "NATS_URL": nats_url, "GPUSCHED_LOG_LEVEL": "info",
         "PYTHONPATH": str(REPOSITORY), **env,
     }
-    argv = [sys.executable, "-m", "services.cli.main", "service", name.split(":")[0]]
+    argv = [sys.executable, "-m", "gpusched.services.cli.main", "service", name.split(":")[0]]
     return Process(name, argv, environment, tmp / f"{name.replace(':', '-')}.log")
 
 

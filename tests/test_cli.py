@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from libs.core.traces import FORMATS
-from services.cli.main import TraceFormat, app
-from services.scheduler.policies import POLICIES
-from services.scheduler.report import human_duration, summary_json
-from services.scheduler.results import SimResult
-from services.scheduler.runner import build_cluster
+from gpusched.libs.core.traces import FORMATS
+from gpusched.services.cli.main import TraceFormat, app
+from gpusched.services.scheduler.policies import POLICIES
+from gpusched.services.scheduler.report import human_duration, summary_json
+from gpusched.services.scheduler.results import SimResult
+from gpusched.services.scheduler.runner import build_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = ROOT.parent / "shared" / "data"
@@ -152,7 +152,7 @@ def test_the_gpusched_module_runs_as_a_program_on_synthetic_jobs(tmp_path: Path)
         [
             sys.executable,
             "-m",
-            "services.cli.main",
+            "gpusched.services.cli.main",
             "simulate",
             "--synthetic",
             "12",

@@ -10,12 +10,12 @@ from pathlib import Path
 
 from aiohttp import web
 
-from libs.core.groundtruth import load_performance_model
-from services.admission.specs import decode_spec, total_iterations
-from services.scheduler.policies import POLICIES
+from gpusched.libs.core.groundtruth import load_performance_model
+from gpusched.services.admission.specs import decode_spec, total_iterations
+from gpusched.services.scheduler.policies import POLICIES
 
 ROOT = Path(__file__).resolve().parents[1]
-GPUSCHED = [sys.executable, "-m", "services.cli.main"]
+GPUSCHED = [sys.executable, "-m", "gpusched.services.cli.main"]
 
 
 async def run_cli(*args: str, columns: int) -> str:

@@ -17,12 +17,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: what neither decode nor tap may import on start: each takes from tenths of a second
 #: (matplotlib, scipy, aiohttp) to seconds (torch) on a busy machine
-HEAVY = ("matplotlib", "torch", "sklearn", "scipy", "aiohttp", "services.scheduler.simulator")
+HEAVY = (
+    "matplotlib", "torch", "sklearn", "scipy", "aiohttp", "gpusched.services.scheduler.simulator",
+)
 
 RESOLVE = """
 import json, sys
 import click, typer.main
-from services.cli.main import app
+from gpusched.services.cli.main import app
 group = typer.main.get_command(app)
 command = group.get_command(click.Context(group), sys.argv[1])
 assert command is not None, sys.argv[1]
@@ -43,7 +45,7 @@ def loaded_modules(command: str) -> set[str]:
 @pytest.mark.parametrize("command", ["decode", "tap"])
 def test_the_cli_resolves_a_live_command_without_importing_the_simulator_stack(command: str):
     modules = loaded_modules(command)
-    assert "services.cli.main" in modules
+    assert "gpusched.services.cli.main" in modules
     loaded = sorted(
         m for m in modules for heavy in HEAVY if m == heavy or m.startswith(heavy + ".")
     )
@@ -53,7 +55,7 @@ def test_the_cli_resolves_a_live_command_without_importing_the_simulator_stack(c
 def test_decode_prints_a_messagepack_payload_as_json():
     payload = {"job": "j0001", "state": "RUNNING", "gpus": [0, 1], "rate": 2.5}
     done = subprocess.run(
-        [sys.executable, "-m", "services.cli.main", "decode"],
+        [sys.executable, "-m", "gpusched.services.cli.main", "decode"],
         cwd=ROOT, input=msgspec.msgpack.encode(payload), capture_output=True, check=True,
     )  # fmt: skip
     assert json.loads(done.stdout) == payload

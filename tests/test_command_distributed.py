@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from libs.common.bus import Stores
-from libs.common.schemas import JobSpec, JobState, StartJob
-from services.nodeagent.config import NodeAgentConfig
-from services.nodeagent.gpus import discover
-from services.nodeagent.job_contract import process_plan
-from services.nodeagent.worker.launch import rank_environment
-from services.scheduler.live import SchedulerService
+from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.schemas import JobSpec, JobState, StartJob
+from gpusched.services.nodeagent.config import NodeAgentConfig
+from gpusched.services.nodeagent.gpus import discover
+from gpusched.services.nodeagent.job_contract import process_plan
+from gpusched.services.nodeagent.worker.launch import rank_environment
+from gpusched.services.scheduler.live import SchedulerService
 from tests.limits import process_limit_s
 from tests.live import fast_scheduler, spec, store_job, wait_state
 from tests.test_live_scheduling import nodes
@@ -85,7 +85,8 @@ def test_a_command_on_several_gpus_runs_through_the_launcher_with_the_torch_vari
               rendezvous="tcp://10.0.0.7:29511", first_rank=2, world_size=4),
         config, inventory,
     )
-    assert plan.argv[1:] == ("-m", "services.nodeagent.worker.launch", "python", "train.py")
+    launcher = "gpusched.services.nodeagent.worker.launch"
+    assert plan.argv[1:] == ("-m", launcher, "python", "train.py")
     assert {name: plan.env[name] for name in (
         "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
         "GPUSCHED_DATA_PARALLEL", "GPUSCHED_TENSOR_PARALLEL", "GPUSCHED_PIPELINE_PARALLEL",
@@ -98,7 +99,7 @@ def test_a_command_on_several_gpus_runs_through_the_launcher_with_the_torch_vari
 
     # the built-in worker gets the degrees, not the torch variables; one GPU, no launcher
     worker = process_plan(start(None, [0, 1, 2, 3]), config, inventory)
-    assert worker.argv[1:] == ("-m", "services.nodeagent.worker")
+    assert worker.argv[1:] == ("-m", "gpusched.services.nodeagent.worker")
     assert "MASTER_ADDR" not in worker.env and worker.env["GPUSCHED_DATA_PARALLEL"] == "2"
     single = process_plan(start(["python", "train.py"], [3]), config, inventory)
     assert single.argv == ("python", "train.py") and single.env["RANK"] == "0"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from libs.common import codec, subjects
-from libs.common.bus import Stores
-from libs.common.schemas import JobSpec, StartJob, StopJob
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.schemas import JobSpec, StartJob, StopJob
 
 
 async def test_opening_the_stores_twice_is_harmless_and_keeps_records(nc, stores: Stores):

@@ -8,7 +8,7 @@ import sys
 import pytest
 import structlog
 
-from libs.common.logging import configure_logging
+from gpusched.libs.common.logging import configure_logging
 
 
 def test_a_log_line_goes_to_the_current_stderr_even_after_the_old_one_was_closed(

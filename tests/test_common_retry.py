@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from libs.common import retry as retry_module
-from libs.common.retry import backoff, retry
+from gpusched.libs.common import retry as retry_module
+from gpusched.libs.common.retry import backoff, retry
 
 
 @pytest.fixture

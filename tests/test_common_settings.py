@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from libs.common import settings
-from libs.common.settings import Setting, SettingError, load
+from gpusched.libs.common import settings
+from gpusched.libs.common.settings import Setting, SettingError, load
 
 FIELDS: dict[str, Setting[Any]] = {
     "workers": Setting("APP_WORKERS", settings.integer(1, 64)),

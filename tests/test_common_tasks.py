@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from libs.common import tasks
-from libs.common.tasks import cancel_and_wait
+from gpusched.libs.common import tasks
+from gpusched.libs.common.tasks import cancel_and_wait
 
 
 async def test_a_loop_that_swallows_one_cancellation_is_still_stopped(monkeypatch):

@@ -12,13 +12,13 @@ import nats
 import pytest
 import yaml
 
-from libs.common import natsauth
-from libs.common.bus import connect
-from libs.common.embedded import free_port, server_binary, wait_until
-from services.admission.config import AdmissionConfig
-from services.cli.serve import ServiceName
-from services.nodeagent.config import NodeAgentConfig
-from services.scheduler.config import SchedulerConfig
+from gpusched.libs.common import natsauth
+from gpusched.libs.common.bus import connect
+from gpusched.libs.common.embedded import free_port, server_binary, wait_until
+from gpusched.services.admission.config import AdmissionConfig
+from gpusched.services.cli.serve import ServiceName
+from gpusched.services.nodeagent.config import NodeAgentConfig
+from gpusched.services.scheduler.config import SchedulerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -133,7 +133,7 @@ def test_compose_has_no_default_secret_and_refuses_to_start_without_each_one():
 
 def test_every_service_connects_as_its_own_nats_user_of_the_compose_configuration():
     assert (ROOT / "compose.nats.conf").read_text() == natsauth.compose_config(), (
-        "regenerate it: python -m libs.common.natsauth > compose.nats.conf"
+        "regenerate it: python -m gpusched.libs.common.natsauth > compose.nats.conf"
     )
     services = load("compose.yaml")["services"]
     users = {u.name: u for u in natsauth.compose_users()}

@@ -21,15 +21,15 @@ import yaml
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
-from libs.common.embedded import NatsServer, free_port
-from services.admission.config import AdmissionConfig
-from services.admission.metrics import Metrics as AdmissionMetrics
-from services.nodeagent.config import NodeAgentConfig
-from services.nodeagent.metrics import Metrics as NodeAgentMetrics
-from services.nodeagent.metrics import NodeCollector
-from services.nodeagent.runs import STDERR_DRAIN_S
-from services.predictor.config import PredictorConfig
-from services.scheduler.metrics import SchedulerMetrics, endpoint_from_env
+from gpusched.libs.common.embedded import NatsServer, free_port
+from gpusched.services.admission.config import AdmissionConfig
+from gpusched.services.admission.metrics import Metrics as AdmissionMetrics
+from gpusched.services.nodeagent.config import NodeAgentConfig
+from gpusched.services.nodeagent.metrics import Metrics as NodeAgentMetrics
+from gpusched.services.nodeagent.metrics import NodeCollector
+from gpusched.services.nodeagent.runs import STDERR_DRAIN_S
+from gpusched.services.predictor.config import PredictorConfig
+from gpusched.services.scheduler.metrics import SchedulerMetrics, endpoint_from_env
 from tests.test_compose import _VARIABLE, SECRETS, interpolate, is_gpusched, load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,7 +117,7 @@ def test_the_gpusched_services_check_their_heartbeat_and_admission_its_healthz()
             port = AdmissionConfig.from_env(environment(service)).port
             assert f"http://127.0.0.1:{port}/healthz" in test[-1], name
         else:
-            assert test[1:4] == ["python", "-m", "libs.common.health"], name
+            assert test[1:4] == ["python", "-m", "gpusched.libs.common.health"], name
             assert environment(service)["GPUSCHED_HEALTH_FILE"], name
 
 
@@ -199,7 +199,7 @@ def test_a_schedulers_health_check_passes_while_it_is_connected_and_fails_once_n
     env = _service_env(tmp_path, nats.url, {"GPUSCHED_POLICY": "fifo"})
     command = _health_command(service)
     assert _check(command, env).returncode == 1  # not started yet: no heartbeat
-    process = subprocess.Popen([sys.executable, "-m", "services.cli.main", "service",
+    process = subprocess.Popen([sys.executable, "-m", "gpusched.services.cli.main", "service",
                                 "scheduler"], cwd=tmp_path, env=env, text=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     try:
@@ -236,7 +236,7 @@ def test_admissions_health_check_asks_healthz_which_fails_without_nats(tmp_path:
         "GPUSCHED_TOKENS": "t0ken=default",
     })  # fmt: skip
     command = _health_command(service, port)
-    process = subprocess.Popen([sys.executable, "-m", "services.cli.main", "service",
+    process = subprocess.Popen([sys.executable, "-m", "gpusched.services.cli.main", "service",
                                 "admission"], cwd=tmp_path, env=env, text=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     try:

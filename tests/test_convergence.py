@@ -13,17 +13,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from libs.core.convergence import (
+from gpusched.libs.core.convergence import (
     BUILTIN,
     Convergence,
     builtin_convergence,
     read_convergence,
     remaining_after_resize,
 )
-from libs.core.decision import Decision, Resize, Start, decision_problems
-from libs.core.snapshot import Snapshot
-from libs.core.traces import load_trace
-from services.scheduler.simulator import SimConfig, simulate
+from gpusched.libs.core.decision import Decision, Resize, Start, decision_problems
+from gpusched.libs.core.snapshot import Snapshot
+from gpusched.libs.core.traces import load_trace
+from gpusched.services.scheduler.simulator import SimConfig, simulate
 from tests.builders import ConvergingPerf, cluster, job, pending, snapshot
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -22,9 +22,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.admission.dashboard import BUCKET_S, BUCKETS, count_per_bucket, job_id_floor
-from services.admission.ids import new_job_id
-from services.cli.up import LocalCluster, UpConfig
+from gpusched.services.admission.dashboard import BUCKET_S, BUCKETS, count_per_bucket, job_id_floor
+from gpusched.services.admission.ids import new_job_id
+from gpusched.services.cli.up import LocalCluster, UpConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")

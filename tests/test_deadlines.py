@@ -11,14 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from libs.core.decision import Decision
-from libs.core.jobs import JobSpec
-from libs.core.snapshot import Snapshot
-from libs.core.workload import parse_slack_range, with_deadlines
-from services.cli.main import app
-from services.scheduler.policies import make_policy
-from services.scheduler.results import FINISHED, UNFINISHED, JobOutcome, SimResult
-from services.scheduler.simulator import simulate
+from gpusched.libs.core.decision import Decision
+from gpusched.libs.core.jobs import JobSpec
+from gpusched.libs.core.snapshot import Snapshot
+from gpusched.libs.core.workload import parse_slack_range, with_deadlines
+from gpusched.services.cli.main import app
+from gpusched.services.scheduler.policies import make_policy
+from gpusched.services.scheduler.results import FINISHED, UNFINISHED, JobOutcome, SimResult
+from gpusched.services.scheduler.simulator import simulate
 from tests.builders import TablePerf, cluster, job, pending, running, snapshot
 
 runner = CliRunner()
@@ -165,8 +165,8 @@ def test_genie_says_why_a_job_past_hope_waits():
 
 def _genie_by_full_sort(snap: Snapshot) -> Decision:
     """GENIE as first written: the whole queue sorted by its SWAF key at the decision."""
-    from services.scheduler.policies.base import greedy_exclusive
-    from services.scheduler.policies.genie import TOO_LATE, swaf_key
+    from gpusched.services.scheduler.policies.base import greedy_exclusive
+    from gpusched.services.scheduler.policies.genie import TOO_LATE, swaf_key
 
     ordered = sorted(snap.pending, key=lambda j: swaf_key(j, snap.now))
     decision = greedy_exclusive(snap, ordered if snap.free_gpus else (), backfill=True)

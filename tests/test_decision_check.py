@@ -9,12 +9,12 @@ from dataclasses import dataclass
 import pytest
 import structlog
 
-from libs.core.decision import Decision, Preempt, Resize, Start, decision_problems
-from libs.core.snapshot import Snapshot
-from services.scheduler.live import Round
-from services.scheduler.policies.base import QueueSort
-from services.scheduler.simulator import PolicyViolation, simulate
-from services.scheduler.state import Phase
+from gpusched.libs.core.decision import Decision, Preempt, Resize, Start, decision_problems
+from gpusched.libs.core.snapshot import Snapshot
+from gpusched.services.scheduler.live import Round
+from gpusched.services.scheduler.policies.base import QueueSort
+from gpusched.services.scheduler.simulator import PolicyViolation, simulate
+from gpusched.services.scheduler.state import Phase
 from tests.builders import TablePerf, cluster, job, pending, running, snapshot
 from tests.live import record, spec, store_job
 from tests.test_scheduler_hardening import idle_scheduler, register_node

@@ -18,29 +18,29 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libs.common.bus import Stores
-from libs.common.embedded import NatsServer, wait_until
-from libs.common.schemas import (
+from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.embedded import NatsServer, wait_until
+from gpusched.libs.common.schemas import (
     ComputePoint,
     ComputeProfile,
     JobState,
     LinkPoint,
     LinkProfile,
 )
-from libs.core.platform import PlatformModel, fit_link
-from libs.core.profiles.builtin import Network, load_builtin
-from services.nodeagent.cluster import EmulatedCluster
-from services.predictor.client import PredictorClient
-from services.predictor.compute_profiles import (
+from gpusched.libs.core.platform import PlatformModel, fit_link
+from gpusched.libs.core.profiles.builtin import Network, load_builtin
+from gpusched.services.nodeagent.cluster import EmulatedCluster
+from gpusched.services.predictor.client import PredictorClient
+from gpusched.services.predictor.compute_profiles import (
     ComputeProfiled,
     compute_line,
     platform_of,
 )
-from services.predictor.config import PredictorConfig
-from services.predictor.service import PredictorService
-from services.scheduler.live import SchedulerService
-from services.scheduler.policies import make_policy
-from services.scheduler.policies.genie import swaf_key
+from gpusched.services.predictor.config import PredictorConfig
+from gpusched.services.predictor.service import PredictorService
+from gpusched.services.scheduler.live import SchedulerService
+from gpusched.services.scheduler.policies import make_policy
+from gpusched.services.scheduler.policies.genie import swaf_key
 from tests.builders import TablePerf, cluster, pending, running, snapshot
 from tests.limits import process_limit_s
 from tests.live import fast_scheduler, spec, store_job, wait_state
@@ -234,7 +234,8 @@ def test_a_real_measurement_between_two_local_processes_gives_positive_finite_fi
     # the node agent's measuring process: the worker's model on the CPU, then gloo
     # all-reduces with a second process it starts
     command = [
-        sys.executable, "-m", "services.nodeagent.compute_profiling", "--model", "resnet50",
+        sys.executable, "-m", "gpusched.services.nodeagent.compute_profiling",
+        "--model", "resnet50",
         "--batch-sizes", "16,8", "--iterations", "20", "--links",
     ]  # fmt: skip
     done = subprocess.run(

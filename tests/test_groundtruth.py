@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libs.core.estimates import NoisyEstimates
-from libs.core.groundtruth import ProfilePerformanceModel, load_performance_model
-from libs.core.perf import PerformanceModel, UnknownModelError
-from libs.core.profiles.gavel import DOES_NOT_FIT_SLOWDOWN
-from libs.core.shape import JobShape
+from gpusched.libs.core.estimates import NoisyEstimates
+from gpusched.libs.core.groundtruth import ProfilePerformanceModel, load_performance_model
+from gpusched.libs.core.perf import PerformanceModel, UnknownModelError
+from gpusched.libs.core.profiles.gavel import DOES_NOT_FIT_SLOWDOWN
+from gpusched.libs.core.shape import JobShape
 
 DATA_DIR = Path(__file__).parents[2] / "shared" / "data"
 PROFILES = DATA_DIR / "profiles"
@@ -88,7 +88,7 @@ def test_the_builtin_set_needs_no_data_and_says_so() -> None:
 def test_the_builtin_profile_documents_its_origin() -> None:
     from importlib import resources
 
-    text = resources.files("libs.core").joinpath("builtin/profiles.json").read_text()
+    text = resources.files("gpusched.libs.core").joinpath("builtin/profiles.json").read_text()
     assert "own analytic" in json.loads(text)["_about"]
 
 

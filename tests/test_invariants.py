@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from libs.core.decision import Decision
-from libs.core.snapshot import Snapshot
-from services.scheduler.policies import POLICIES, RESIDENT_CAP_POLICIES, make_policy
-from services.scheduler.policies.base import Policy
-from services.scheduler.simulator import SimConfig, simulate
+from gpusched.libs.core.decision import Decision
+from gpusched.libs.core.snapshot import Snapshot
+from gpusched.services.scheduler.policies import POLICIES, RESIDENT_CAP_POLICIES, make_policy
+from gpusched.services.scheduler.policies.base import Policy
+from gpusched.services.scheduler.simulator import SimConfig, simulate
 from tests.builders import TablePerf, cluster, job
 
 PERF = TablePerf(

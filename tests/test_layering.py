@@ -11,9 +11,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: package -> packages of the project it may not import
 FORBIDDEN = {
-    "libs/core": ("libs.common", "libs.sdk", "services"),
-    "libs/common": ("libs.sdk", "services"),
-    "libs/sdk": ("services",),
+    "libs/core": ("gpusched.libs.common", "gpusched.libs.sdk", "gpusched.services"),
+    "libs/common": ("gpusched.libs.sdk", "gpusched.services"),
+    "libs/sdk": ("gpusched.services",),
 }
 
 
@@ -39,3 +39,17 @@ def test_a_lower_layer_imports_nothing_from_the_layers_above_it(package: str):
         if any(name == banned or name.startswith(banned + ".") for banned in FORBIDDEN[package])
     ]
     assert not breaches, breaches
+
+
+def test_every_import_of_the_project_uses_its_installed_name():
+    """`libs` and `services` are installed as gpusched.libs and gpusched.services; an
+    import by the bare folder name would load a second copy of a module from the
+    checkout (or fail once installed)."""
+    bare = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for folder in ("libs", "services", "tests", "bench")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for name in sorted(imported_modules(path))
+        if name.split(".")[0] in {"libs", "services"}
+    ]
+    assert not bare, bare

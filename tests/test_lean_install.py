@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "README.md", "libs", "services")
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "libs", "services")
 #: generous: building the environment is seconds from pip's cache, a minute or two when
 #: every wheel is downloaded; this only stops a pip that hangs
 PIP_LIMIT_S = 900
@@ -110,3 +110,16 @@ def test_a_lean_install_runs_every_policy_it_can_when_none_is_named(
     ran = set(json.loads((out / "summary.json").read_text())["policies"])
     assert {"fifo", "sjf-bsbf", "tiresias", "synergy-fifo"} <= ran
     assert "ones" not in ran
+
+
+def test_an_install_puts_only_the_gpusched_package_in_site_packages(lean_venv: Path):
+    (site,) = (lean_venv / "lib").glob("python3*/site-packages")
+    ours = {p.name for p in site.iterdir() if p.name in {"libs", "services", "gpusched"}}
+    assert ours == {"gpusched"}
+    assert {p.name for p in (site / "gpusched").iterdir()} >= {"libs", "services"}
+    done = subprocess.run(
+        [lean_venv / "bin" / "python", "-c", "import libs"],
+        capture_output=True, text=True, cwd=site,
+    )  # fmt: skip
+    assert "ModuleNotFoundError" in done.stderr, done.stderr
+    assert (site / "gpusched" / "libs" / "core" / "builtin" / "profiles.json").is_file()

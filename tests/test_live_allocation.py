@@ -11,9 +11,9 @@ from typing import Any
 import msgspec
 from nats.aio.client import Client
 
-from libs.common import codec, subjects
-from libs.common.embedded import NatsServer, wait_until
-from libs.common.schemas import (
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.embedded import NatsServer, wait_until
+from gpusched.libs.common.schemas import (
     CommandReply,
     JobSpec,
     Placement,
@@ -21,11 +21,11 @@ from libs.common.schemas import (
     StartJob,
     StopJob,
 )
-from services.nodeagent.agent import NodeAgent
-from services.nodeagent.cores import machine_cores, pick_cores, real_cores
-from services.nodeagent.gpus import discover
-from services.nodeagent.job_contract import process_plan
-from services.scheduler.live import _node_share
+from gpusched.services.nodeagent.agent import NodeAgent
+from gpusched.services.nodeagent.cores import machine_cores, pick_cores, real_cores
+from gpusched.services.nodeagent.gpus import discover
+from gpusched.services.nodeagent.job_contract import process_plan
+from gpusched.services.scheduler.live import _node_share
 from tests.limits import process_limit_s
 from tests.test_nodeagent_service import FOREVER, NODE, PROCESS_TIMINGS, agent_config, send
 

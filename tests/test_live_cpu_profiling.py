@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 from nats.micro.request import ERROR_CODE_HEADER
 
-from libs.common import codec, subjects
-from libs.common.bus import Stores
-from libs.common.embedded import NatsServer, wait_until
-from libs.common.schemas import CpuProfile, CpuProfilePoint, CpuProfileRequest, JobState
-from services.nodeagent.cluster import EmulatedCluster
-from services.nodeagent.cpu_profiling import cpu_counts
-from services.predictor.client import PredictorClient
-from services.predictor.config import PredictorConfig
-from services.predictor.cpu_profiles import Sensitivity
-from services.predictor.service import PredictorService
-from services.scheduler.live import SchedulerService
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.embedded import NatsServer, wait_until
+from gpusched.libs.common.schemas import CpuProfile, CpuProfilePoint, CpuProfileRequest, JobState
+from gpusched.services.nodeagent.cluster import EmulatedCluster
+from gpusched.services.nodeagent.cpu_profiling import cpu_counts
+from gpusched.services.predictor.client import PredictorClient
+from gpusched.services.predictor.config import PredictorConfig
+from gpusched.services.predictor.cpu_profiles import Sensitivity
+from gpusched.services.predictor.service import PredictorService
+from gpusched.services.scheduler.live import SchedulerService
 from tests.limits import process_limit_s
 from tests.live import fast_scheduler, spec, store_job, wait_state
 from tests.test_nodeagent_service import PROCESS_TIMINGS

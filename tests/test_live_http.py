@@ -13,8 +13,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from libs.common.embedded import wait_until
-from services.cli.up import LocalCluster, UpConfig
+from gpusched.libs.common.embedded import wait_until
+from gpusched.services.cli.up import LocalCluster, UpConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,7 +94,7 @@ async def test_a_job_submitted_over_http_comes_back_running_then_succeeded(clust
 async def run_cli(env: dict[str, str], *args: str) -> tuple[int, str, str]:
     # the cluster lives on this event loop, so the CLI must not block it
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.cli.main", *args, cwd=ROOT, env=env,
+        sys.executable, "-m", "gpusched.services.cli.main", *args, cwd=ROOT, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(process.communicate(), timeout=60)

@@ -10,8 +10,8 @@ from typing import Any
 
 import aiohttp
 
-from libs.core.groundtruth import load_performance_model
-from services.cli.up import LocalCluster, UpConfig
+from gpusched.libs.core.groundtruth import load_performance_model
+from gpusched.services.cli.up import LocalCluster, UpConfig
 from tests.test_live_http import record_when, submit
 
 TIME_SCALE = 0.01

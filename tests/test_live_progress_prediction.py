@@ -9,16 +9,16 @@ from pathlib import Path
 
 from nats.aio.client import Client
 
-from libs.common.bus import Stores
-from libs.common.embedded import NatsServer, wait_until
-from libs.common.schemas import JobState, Prediction, RemainingRequest
-from services.nodeagent.cluster import EmulatedCluster
-from services.predictor.client import PredictorClient
-from services.predictor.config import PredictorConfig
-from services.predictor.progress import SOURCE_PROGRESS
-from services.predictor.service import PredictorService
-from services.scheduler.live import SchedulerService
-from services.scheduler.state import build_snapshot
+from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.embedded import NatsServer, wait_until
+from gpusched.libs.common.schemas import JobState, Prediction, RemainingRequest
+from gpusched.services.nodeagent.cluster import EmulatedCluster
+from gpusched.services.predictor.client import PredictorClient
+from gpusched.services.predictor.config import PredictorConfig
+from gpusched.services.predictor.progress import SOURCE_PROGRESS
+from gpusched.services.predictor.service import PredictorService
+from gpusched.services.scheduler.live import SchedulerService
+from gpusched.services.scheduler.state import build_snapshot
 from tests.limits import process_limit_s
 from tests.live import fast_scheduler, spec, store_job, wait_state
 from tests.test_nodeagent_service import PROCESS_TIMINGS

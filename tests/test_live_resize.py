@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from libs.common.bus import Stores
-from libs.common.embedded import wait_until
-from libs.common.schemas import JobState
-from libs.core.decision import Decision, Resize
-from libs.core.snapshot import Snapshot
-from services.scheduler.live import LiveScheduler, SchedulerService
-from services.scheduler.policies import make_policy
-from services.scheduler.policies.base import Policy, QueueSort
+from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.embedded import wait_until
+from gpusched.libs.common.schemas import JobState
+from gpusched.libs.core.decision import Decision, Resize
+from gpusched.libs.core.snapshot import Snapshot
+from gpusched.services.scheduler.live import LiveScheduler, SchedulerService
+from gpusched.services.scheduler.policies import make_policy
+from gpusched.services.scheduler.policies.base import Policy, QueueSort
 from tests.limits import process_limit_s
 from tests.live import fast_scheduler, record, spec, store_job, wait_state
 from tests.test_live_scheduling import nodes

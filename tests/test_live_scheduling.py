@@ -11,12 +11,12 @@ import sys
 import time
 from pathlib import Path
 
-from libs.common import codec, subjects
-from libs.common.bus import Stores
-from libs.common.embedded import wait_until
-from libs.common.schemas import CancelRequest, JobState
-from services.nodeagent.cluster import EmulatedCluster
-from services.scheduler.live import SchedulerService
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.embedded import wait_until
+from gpusched.libs.common.schemas import CancelRequest, JobState
+from gpusched.services.nodeagent.cluster import EmulatedCluster
+from gpusched.services.scheduler.live import SchedulerService
 from tests.live import fast_scheduler, record, spec, store_job, wait_state
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,7 +136,9 @@ async def test_a_node_agent_killed_with_sigkill_has_its_jobs_requeued_elsewhere(
         "GPUSCHED_NODE_GPUS": "8", "GPUSCHED_NODEAGENT_HEARTBEAT_S": "0.2",
         "GPUSCHED_WORK_DIR": str(tmp_path / "doomed"), "GPUSCHED_TIME_SCALE": "0.01",
     }
-    agent = subprocess.Popen([sys.executable, "-m", "services.nodeagent"], cwd=ROOT, env=env)
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "gpusched.services.nodeagent"], cwd=ROOT, env=env
+    )
     try:
         async with SchedulerService(fast_scheduler(nats_server.url)):
             # 8 GPUs: only the doomed node (the others have 4) can take it at first
@@ -165,7 +167,9 @@ async def test_killing_the_leader_mid_run_loses_nothing_and_the_standby_finishes
         **os.environ, "NATS_URL": nats_server.url, "GPUSCHED_POLICY": "fifo",
         "GPUSCHED_TIME_SCALE": "0.01",
     }
-    leader = subprocess.Popen([sys.executable, "-m", "services.scheduler"], cwd=ROOT, env=env)
+    leader = subprocess.Popen(
+        [sys.executable, "-m", "gpusched.services.scheduler"], cwd=ROOT, env=env
+    )
     try:
         async with nodes(nats_server.url, tmp_path, count=2, gpus=2):
 

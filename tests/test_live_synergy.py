@@ -9,14 +9,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from libs.common.bus import Stores
-from libs.common.embedded import NatsServer, wait_until
-from libs.common.schemas import JobState
-from libs.core.groundtruth import ProfilePerformanceModel
-from services.nodeagent.cluster import EmulatedCluster
-from services.nodeagent.cores import machine_cores, real_cores
-from services.nodeagent.worker.pipeline import workers_for
-from services.scheduler.live import SchedulerService
+from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.embedded import NatsServer, wait_until
+from gpusched.libs.common.schemas import JobState
+from gpusched.libs.core.groundtruth import ProfilePerformanceModel
+from gpusched.services.nodeagent.cluster import EmulatedCluster
+from gpusched.services.nodeagent.cores import machine_cores, real_cores
+from gpusched.services.nodeagent.worker.pipeline import workers_for
+from gpusched.services.scheduler.live import SchedulerService
 from tests.limits import process_limit_s
 from tests.live import fast_scheduler, record, spec, store_job, wait_state
 from tests.test_nodeagent_service import FOREVER, PROCESS_TIMINGS

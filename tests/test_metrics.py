@@ -21,15 +21,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from typer.testing import CliRunner
 
-from libs.common.embedded import NatsServer, free_port, wait_until
-from libs.common.schemas import GpuInfo, GpuTelemetry
-from services.admission.config import AdmissionConfig
-from services.admission.service import AdmissionService
-from services.cli.main import app
-from services.cli.up import LocalCluster, UpConfig
-from services.nodeagent.gpus import emulated_uuid
-from services.nodeagent.metrics import JobReading, NodeCollector, NodeView
-from services.scheduler.metrics import PENDING_REASONS, pending_reason_label
+from gpusched.libs.common.embedded import NatsServer, free_port, wait_until
+from gpusched.libs.common.schemas import GpuInfo, GpuTelemetry
+from gpusched.services.admission.config import AdmissionConfig
+from gpusched.services.admission.service import AdmissionService
+from gpusched.services.cli.main import app
+from gpusched.services.cli.up import LocalCluster, UpConfig
+from gpusched.services.nodeagent.gpus import emulated_uuid
+from gpusched.services.nodeagent.metrics import JobReading, NodeCollector, NodeView
+from gpusched.services.scheduler.metrics import PENDING_REASONS, pending_reason_label
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "metrics.md"
@@ -280,7 +280,7 @@ async def test_a_scheduler_run_alone_serves_its_metrics_on_the_port_its_setting_
            "GPUSCHED_SCHEDULER_METRICS_PORT": str(port),
            "GPUSCHED_SCHEDULER_METRICS_HOST": "127.0.0.1"}
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.scheduler", env=env, cwd=ROOT,
+        sys.executable, "-m", "gpusched.services.scheduler", env=env, cwd=ROOT,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
@@ -307,7 +307,7 @@ def test_a_scheduler_with_a_bad_metrics_port_exits_2_naming_the_variable() -> No
     env = {**os.environ, "GPUSCHED_SCHEDULER_METRICS_PORT": "abc"}
     # it exits before connecting to anything: 0.4-0.9 s measured; the limit is 60 s
     result = subprocess.run(
-        [sys.executable, "-m", "services.scheduler"], env=env, cwd=ROOT,
+        [sys.executable, "-m", "gpusched.services.scheduler"], env=env, cwd=ROOT,
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2
@@ -356,7 +356,7 @@ async def test_a_node_agent_run_alone_serves_dcgm_series_on_its_metrics_port(
            "GPUSCHED_NODE_GPUS": "2", "GPUSCHED_NODEAGENT_METRICS_PORT": str(port),
            "GPUSCHED_WORK_DIR": str(tmp_path / "work")}
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.nodeagent", env=env, cwd=ROOT,
+        sys.executable, "-m", "gpusched.services.nodeagent", env=env, cwd=ROOT,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
@@ -388,7 +388,7 @@ async def test_the_gpusched_up_command_prints_its_metrics_address_and_serves_it(
     state = tmp_path / "state"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GPUSCHED_STATE_DIR": str(state)}
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.cli.main", "up", "--nodes", "1", "--gpus-per-node",
+        sys.executable, "-m", "gpusched.services.cli.main", "up", "--nodes", "1", "--gpus-per-node",
         "2", "--port", "0", "--metrics-port", "0", "--state-dir", str(state),
         env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
     )

@@ -20,14 +20,14 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from libs.common import codec, natsauth, subjects
-from libs.common.bus import Stores, connect, credentials, settle
-from libs.common.embedded import NatsServer, wait_until
-from libs.common.natsauth import Credentials, nodeagent_user
-from libs.common.schemas import CommandReply, JobSpec, StartJob, StopJob
-from services.cli.up import LocalCluster, UpConfig
-from services.nodeagent.agent import NodeAgent
-from services.nodeagent.config import NodeAgentConfig
+from gpusched.libs.common import codec, natsauth, subjects
+from gpusched.libs.common.bus import Stores, connect, credentials, settle
+from gpusched.libs.common.embedded import NatsServer, wait_until
+from gpusched.libs.common.natsauth import Credentials, nodeagent_user
+from gpusched.libs.common.schemas import CommandReply, JobSpec, StartJob, StopJob
+from gpusched.services.cli.up import LocalCluster, UpConfig
+from gpusched.services.nodeagent.agent import NodeAgent
+from gpusched.services.nodeagent.config import NodeAgentConfig
 
 NODES = ("node-0", "node-1")
 #: a request the server drops gets no answer; this is how long a client waits for one

@@ -7,10 +7,10 @@ import asyncio
 
 import aiohttp
 
-from libs.common import subjects
-from libs.common.bus import connection
-from libs.common.embedded import NatsServer, wait_until
-from services.cli.up import LocalCluster, UpConfig
+from gpusched.libs.common import subjects
+from gpusched.libs.common.bus import connection
+from gpusched.libs.common.embedded import NatsServer, wait_until
+from gpusched.services.cli.up import LocalCluster, UpConfig
 
 JOBS = 24
 #: the server is killed once this many jobs were accepted

@@ -10,8 +10,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from libs.common import codec
-from libs.common.schemas import (
+from gpusched.libs.common import codec
+from gpusched.libs.common.schemas import (
     Command,
     GpuTelemetry,
     JobSpec,
@@ -19,16 +19,16 @@ from libs.common.schemas import (
     StartJob,
     StopJob,
 )
-from services.nodeagent.checks import gpu_ranges
-from services.nodeagent.config import NodeAgentConfig, default_node_name
-from services.nodeagent.gpus import (
+from gpusched.services.nodeagent.checks import gpu_ranges
+from gpusched.services.nodeagent.config import NodeAgentConfig, default_node_name
+from gpusched.services.nodeagent.gpus import (
     DEFAULT_EMULATED_GPUS,
     NvmlGpu,
     discover,
     emulated_gpus,
     emulated_telemetry,
 )
-from services.nodeagent.runs import ProgressTail, SimulatedProgress
+from gpusched.services.nodeagent.runs import ProgressTail, SimulatedProgress
 
 # ---- settings -------------------------------------------------------------------------
 

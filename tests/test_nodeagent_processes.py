@@ -16,10 +16,10 @@ import pytest
 from nats.aio.client import Client
 from nats.js.errors import KeyNotFoundError
 
-from libs.common import codec, subjects
-from libs.common.bus import Stores
-from libs.common.embedded import NatsServer, wait_until
-from libs.common.schemas import (
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.embedded import NatsServer, wait_until
+from gpusched.libs.common.schemas import (
     Heartbeat,
     JobExit,
     JobProgressEvent,
@@ -28,9 +28,9 @@ from libs.common.schemas import (
     StartJob,
     StopJob,
 )
-from services.nodeagent.agent import NodeAgent
-from services.nodeagent.config import NodeAgentConfig
-from services.nodeagent.runs import STDERR_TAIL_BYTES
+from gpusched.services.nodeagent.agent import NodeAgent
+from gpusched.services.nodeagent.config import NodeAgentConfig
+from gpusched.services.nodeagent.runs import STDERR_TAIL_BYTES
 from tests.limits import process_limit_s
 from tests.test_nodeagent_service import (
     NODE,
@@ -248,7 +248,7 @@ async def test_a_command_that_ignores_sigterm_is_killed_after_the_grace_period(
 async def test_the_real_worker_is_preempted_and_resumes_from_its_checkpoint(
     config: NodeAgentConfig, nc: Client, stores: Stores, monkeypatch: pytest.MonkeyPatch
 ):
-    pytest.importorskip("services.nodeagent.worker.cli")
+    pytest.importorskip("gpusched.services.nodeagent.worker.cli")
     progress = await listen(nc, subjects.job_progress("real"), JobProgressEvent)
     spec = JobSpec(name="real", model="resnet18", batch_size=8, iterations=6, checkpoint_every=2)
 
@@ -289,7 +289,7 @@ async def test_the_agent_process_preempts_its_jobs_and_deregisters_on_sigterm(
         "GPUSCHED_NODEAGENT_HEARTBEAT_S": "0.05",
     }
     agent = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.nodeagent", env=env,
+        sys.executable, "-m", "gpusched.services.nodeagent", env=env,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )
     try:

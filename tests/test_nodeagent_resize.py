@@ -11,10 +11,10 @@ import msgspec
 import pytest
 from nats.aio.client import Client
 
-from libs.common import codec, subjects
-from libs.common.bus import Stores
-from libs.common.embedded import NatsServer, wait_until
-from libs.common.schemas import (
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.embedded import NatsServer, wait_until
+from gpusched.libs.common.schemas import (
     CommandReply,
     JobExit,
     JobProgressEvent,
@@ -22,12 +22,12 @@ from libs.common.schemas import (
     ResizeJob,
     StartJob,
 )
-from libs.core.groundtruth import ProfilePerformanceModel
-from services.nodeagent.agent import NodeAgent
-from services.nodeagent.config import NodeAgentConfig
-from services.nodeagent.gpus import discover
-from services.nodeagent.job_contract import process_plan
-from services.nodeagent.resize import resized
+from gpusched.libs.core.groundtruth import ProfilePerformanceModel
+from gpusched.services.nodeagent.agent import NodeAgent
+from gpusched.services.nodeagent.config import NodeAgentConfig
+from gpusched.services.nodeagent.gpus import discover
+from gpusched.services.nodeagent.job_contract import process_plan
+from gpusched.services.nodeagent.resize import resized
 from tests.test_nodeagent_service import (
     NODE,
     PROCESS_TIMINGS,

@@ -14,10 +14,10 @@ import pytest
 from nats.aio.client import Client
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
-from libs.common import codec, subjects
-from libs.common.bus import Stores
-from libs.common.embedded import NatsServer, wait_until
-from libs.common.schemas import (
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.embedded import NatsServer, wait_until
+from gpusched.libs.common.schemas import (
     CommandReply,
     Heartbeat,
     JobExit,
@@ -27,12 +27,12 @@ from libs.common.schemas import (
     StartJob,
     StopJob,
 )
-from libs.core.groundtruth import ProfilePerformanceModel
-from libs.core.shape import JobShape
-from services.nodeagent.agent import AgentSnapshot, NodeAgent
-from services.nodeagent.cluster import EmulatedCluster
-from services.nodeagent.config import NodeAgentConfig
-from services.nodeagent.gpus import emulated_uuid
+from gpusched.libs.core.groundtruth import ProfilePerformanceModel
+from gpusched.libs.core.shape import JobShape
+from gpusched.services.nodeagent.agent import AgentSnapshot, NodeAgent
+from gpusched.services.nodeagent.cluster import EmulatedCluster
+from gpusched.services.nodeagent.config import NodeAgentConfig
+from gpusched.services.nodeagent.gpus import emulated_uuid
 
 TRUTH = ProfilePerformanceModel.builtin()
 NODE = "node-a"

@@ -8,11 +8,11 @@ from itertools import pairwise
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from libs.core.decision import Decision, decision_problems
-from libs.core.snapshot import Snapshot
-from services.scheduler.policies import POLICIES
-from services.scheduler.policies.ones import POPULATION, Ones
-from services.scheduler.simulator import SimConfig, simulate
+from gpusched.libs.core.decision import Decision, decision_problems
+from gpusched.libs.core.snapshot import Snapshot
+from gpusched.services.scheduler.policies import POLICIES
+from gpusched.services.scheduler.policies.ones import POPULATION, Ones
+from gpusched.services.scheduler.simulator import SimConfig, simulate
 from tests.builders import TablePerf, cluster, job, pending, running, snapshot
 
 PERF = TablePerf(

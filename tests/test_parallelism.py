@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libs.common.schemas import JobSpec as WireJobSpec
-from libs.core.cluster import Cluster, Node
-from libs.core.decision import Decision, Start
-from libs.core.jobs import JobSpec
-from libs.core.parallelism import (
+from gpusched.libs.common.schemas import JobSpec as WireJobSpec
+from gpusched.libs.core.cluster import Cluster, Node
+from gpusched.libs.core.decision import Decision, Start
+from gpusched.libs.core.jobs import JobSpec
+from gpusched.libs.core.parallelism import (
     ACTIVATION_FRACTION,
     LAYERS,
     Degrees,
@@ -26,13 +26,13 @@ from libs.core.parallelism import (
     map_job,
     traffic,
 )
-from libs.core.placement import FreeGpus
-from libs.core.profiles.builtin import load_builtin
-from libs.core.snapshot import Snapshot
-from libs.core.traces import TraceError, TraceJob, load_trace, write_native
-from libs.core.workload import materialize
-from services.admission.problems import ProblemError
-from services.admission.specs import total_iterations
+from gpusched.libs.core.placement import FreeGpus
+from gpusched.libs.core.profiles.builtin import load_builtin
+from gpusched.libs.core.snapshot import Snapshot
+from gpusched.libs.core.traces import TraceError, TraceJob, load_trace, write_native
+from gpusched.libs.core.workload import materialize
+from gpusched.services.admission.problems import ProblemError
+from gpusched.services.admission.specs import total_iterations
 from tests.builders import TablePerf
 
 PROFILES, NETWORK = load_builtin()
@@ -188,7 +188,7 @@ def test_a_2x2x1_job_on_two_2_gpu_nodes_keeps_tensor_groups_inside_servers() -> 
 
 
 def test_a_plain_data_parallel_job_takes_the_ground_truths_analytic_time() -> None:
-    from libs.core.groundtruth import ProfilePerformanceModel
+    from gpusched.libs.core.groundtruth import ProfilePerformanceModel
 
     truth = ProfilePerformanceModel.builtin()
     for model in ("resnet50", "bert", "ncf"):
@@ -207,7 +207,7 @@ def test_traffic_is_heaviest_for_tensor_groups() -> None:
 
 
 def test_the_ground_truth_times_a_parallel_job_by_its_servers_not_their_names() -> None:
-    from libs.core.groundtruth import ProfilePerformanceModel
+    from gpusched.libs.core.groundtruth import ProfilePerformanceModel
 
     truth = ProfilePerformanceModel.builtin()
     degrees = Degrees(2, 2, 2)
@@ -225,9 +225,9 @@ def test_the_ground_truth_times_a_parallel_job_by_its_servers_not_their_names() 
 
 
 def _run_alone(cluster: Cluster, job: JobSpec) -> float:
-    from libs.core.groundtruth import ProfilePerformanceModel
-    from services.scheduler.policies import make_policy
-    from services.scheduler.simulator import simulate
+    from gpusched.libs.core.groundtruth import ProfilePerformanceModel
+    from gpusched.services.scheduler.policies import make_policy
+    from gpusched.services.scheduler.simulator import simulate
 
     result = simulate(cluster, [job], make_policy("fifo"), ProfilePerformanceModel.builtin())
     (outcome,) = result.jobs
@@ -237,7 +237,7 @@ def _run_alone(cluster: Cluster, job: JobSpec) -> float:
 
 
 def test_a_simulated_2x2x2_job_finishes_and_is_slower_spread_than_consolidated() -> None:
-    from libs.core.groundtruth import ProfilePerformanceModel
+    from gpusched.libs.core.groundtruth import ProfilePerformanceModel
 
     truth = ProfilePerformanceModel.builtin()
     job = JobSpec("j", 0.0, "gpt2", 8, 16, 100.0, tensor_parallel=2, pipeline_parallel=2)
@@ -285,7 +285,7 @@ def test_trace_degrees_round_trip_and_a_bad_one_is_named(tmp_path: Path) -> None
 
 
 def test_a_parallel_job_given_a_run_time_takes_exactly_that_time_alone() -> None:
-    from libs.core.groundtruth import ProfilePerformanceModel
+    from gpusched.libs.core.groundtruth import ProfilePerformanceModel
 
     cluster = Cluster.uniform(4, 2)
     trace = [TraceJob("a", 0.0, 8, "gpt2", 16, duration_s=3600.0, tensor_parallel=2)]
@@ -335,9 +335,9 @@ class _TakeFifo:
 def test_policies_place_a_tensor_parallel_job_by_the_mapper_and_it_runs_faster_than_take(
     policy_name: str,
 ) -> None:
-    from libs.core.groundtruth import ProfilePerformanceModel
-    from services.scheduler.policies import make_policy
-    from services.scheduler.simulator import simulate
+    from gpusched.libs.core.groundtruth import ProfilePerformanceModel
+    from gpusched.services.scheduler.policies import make_policy
+    from gpusched.services.scheduler.simulator import simulate
 
     truth = ProfilePerformanceModel.builtin()
     cluster = _cluster([3, 2, 3])

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from libs.core.decision import Decision, Resize
-from libs.core.snapshot import Snapshot
-from services.scheduler.policies import make_policy
-from services.scheduler.policies.base import Policy, QueueSort
-from services.scheduler.policies.preemptive import Tiresias
-from services.scheduler.simulator import PolicyViolation, SimConfig, simulate
+from gpusched.libs.core.decision import Decision, Resize
+from gpusched.libs.core.snapshot import Snapshot
+from gpusched.services.scheduler.policies import make_policy
+from gpusched.services.scheduler.policies.base import Policy, QueueSort
+from gpusched.services.scheduler.policies.preemptive import Tiresias
+from gpusched.services.scheduler.simulator import PolicyViolation, SimConfig, simulate
 from tests.builders import TablePerf, cluster, job
 
 TRACE = [job("j1", 0, 100), job("j2", 0, 50), job("j3", 10, 10, gpus=2), job("j4", 20, 5)]

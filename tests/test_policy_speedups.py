@@ -22,13 +22,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from libs.core.decision import Decision, Preempt, Start
-from libs.core.groundtruth import load_performance_model
-from libs.core.placement import FreeGpus
-from libs.core.shape import JobShape
-from libs.core.snapshot import JobView, Snapshot
-from services.scheduler.policies import make_policy, sjf_bsbf
-from services.scheduler.policies.base import (
+from gpusched.libs.core.decision import Decision, Preempt, Start
+from gpusched.libs.core.groundtruth import load_performance_model
+from gpusched.libs.core.placement import FreeGpus
+from gpusched.libs.core.shape import JobShape
+from gpusched.libs.core.snapshot import JobView, Snapshot
+from gpusched.services.scheduler.policies import make_policy, sjf_bsbf
+from gpusched.services.scheduler.policies.base import (
     LazyReasons,
     Policy,
     QueueSort,
@@ -37,8 +37,8 @@ from services.scheduler.policies.base import (
     place_exclusive,
     unschedulable_reason,
 )
-from services.scheduler.policies.preemptive import Srtf, Tiresias
-from services.scheduler.policies.sharing import (
+from gpusched.services.scheduler.policies.preemptive import Srtf, Tiresias
+from gpusched.services.scheduler.policies.sharing import (
     Pairing,
     ShapeTerms,
     bound_coefficients,
@@ -46,9 +46,9 @@ from services.scheduler.policies.sharing import (
     shape_terms,
     t_concurrent,
 )
-from services.scheduler.policies.sjf_bsbf import SjfBsbf
-from services.scheduler.policies.slots import build_groups
-from services.scheduler.simulator import SimConfig, simulate
+from gpusched.services.scheduler.policies.sjf_bsbf import SjfBsbf
+from gpusched.services.scheduler.policies.slots import build_groups
+from gpusched.services.scheduler.simulator import SimConfig, simulate
 from tests.builders import TablePerf, cluster, job, pending, running, snapshot
 
 PERF = TablePerf(

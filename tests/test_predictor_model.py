@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libs.common.schemas import JobProgressEvent, PredictRequest, Progress
-from libs.core.groundtruth import ProfilePerformanceModel
-from libs.core.perf import UnknownModelError
-from services.predictor.config import PredictorConfig
-from services.predictor.model import (
+from gpusched.libs.common.schemas import JobProgressEvent, PredictRequest, Progress
+from gpusched.libs.core.groundtruth import ProfilePerformanceModel
+from gpusched.libs.core.perf import UnknownModelError
+from gpusched.services.predictor.config import PredictorConfig
+from gpusched.services.predictor.model import (
     DEFAULT_RUN_S,
     RATIO_BOUNDS,
     BaselinePredictor,

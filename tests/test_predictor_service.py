@@ -13,10 +13,10 @@ from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError
 from nats.micro.request import ERROR_CODE_HEADER, ERROR_HEADER
 
-from libs.common import codec, subjects
-from libs.common.bus import Stores, connection
-from libs.common.embedded import NatsServer, wait_until
-from libs.common.schemas import (
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.bus import Stores, connection
+from gpusched.libs.common.embedded import NatsServer, wait_until
+from gpusched.libs.common.schemas import (
     JobProgressEvent,
     JobRecord,
     JobSpec,
@@ -26,16 +26,16 @@ from libs.common.schemas import (
     PredictRequest,
     Progress,
 )
-from libs.core.groundtruth import ProfilePerformanceModel
-from libs.core.shape import JobShape
-from services.predictor.client import (
+from gpusched.libs.core.groundtruth import ProfilePerformanceModel
+from gpusched.libs.core.shape import JobShape
+from gpusched.services.predictor.client import (
     PredictorClient,
     PredictorError,
     PredictorUnavailable,
 )
-from services.predictor.config import PredictorConfig
-from services.predictor.model import Learned
-from services.predictor.service import SERVICE_NAME, PredictorService, settle
+from gpusched.services.predictor.config import PredictorConfig
+from gpusched.services.predictor.model import Learned
+from gpusched.services.predictor.service import SERVICE_NAME, PredictorService, settle
 
 TRUTH = ProfilePerformanceModel.builtin()
 RESNET = PredictRequest(model="resnet50", batch_size=64)

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from nats.aio.client import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from libs.common import codec, subjects
-from libs.common.bus import Stores
-from libs.common.embedded import NatsServer, wait_until
-from libs.common.schemas import (
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.embedded import NatsServer, wait_until
+from gpusched.libs.common.schemas import (
     JobRecord,
     JobState,
     JobStateEvent,
@@ -28,15 +28,15 @@ from libs.common.schemas import (
     Progress,
     SizeErrorReport,
 )
-from libs.core.groundtruth import ProfilePerformanceModel
-from libs.core.jobs import JobSpec as CoreJobSpec
-from libs.core.recurring import RecurringConfig, recurring_jobs
-from libs.core.size_predictor import SizeRow
-from services.admission import AdmissionConfig, AdmissionService
-from services.predictor.client import PredictorClient
-from services.predictor.config import PredictorConfig
-from services.predictor.service import PredictorService
-from services.predictor.sizes import (
+from gpusched.libs.core.groundtruth import ProfilePerformanceModel
+from gpusched.libs.core.jobs import JobSpec as CoreJobSpec
+from gpusched.libs.core.recurring import RecurringConfig, recurring_jobs
+from gpusched.libs.core.size_predictor import SizeRow
+from gpusched.services.admission import AdmissionConfig, AdmissionService
+from gpusched.services.predictor.client import PredictorClient
+from gpusched.services.predictor.config import PredictorConfig
+from gpusched.services.predictor.service import PredictorService
+from gpusched.services.predictor.sizes import (
     DATASET_LABEL,
     SizeLearner,
     StoredGuess,

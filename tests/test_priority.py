@@ -10,13 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from libs.core.decision import Decision
-from libs.core.snapshot import JobView, Snapshot
-from libs.core.traces import TraceJob, load_trace, write_native
-from services.scheduler.policies import make_policy
-from services.scheduler.policies.base import by_priority, by_priority_ranked
-from services.scheduler.policies.preemptive import Tiresias
-from services.scheduler.simulator import simulate
+from gpusched.libs.core.decision import Decision
+from gpusched.libs.core.snapshot import JobView, Snapshot
+from gpusched.libs.core.traces import TraceJob, load_trace, write_native
+from gpusched.services.scheduler.policies import make_policy
+from gpusched.services.scheduler.policies.base import by_priority, by_priority_ranked
+from gpusched.services.scheduler.policies.preemptive import Tiresias
+from gpusched.services.scheduler.simulator import simulate
 from tests.builders import TablePerf, cluster, job, pending, running, snapshot
 
 #: the policies that honour priorities (``ones`` is elastic and ignores them)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from libs.common import codec
-from libs.common.schemas import Progress, RemainingRequest
-from libs.core.progress import EpochRecord, ProgressPredictor, blended_remaining_iterations
-from services.predictor.progress import (
+from gpusched.libs.common import codec
+from gpusched.libs.common.schemas import Progress, RemainingRequest
+from gpusched.libs.core.progress import EpochRecord, ProgressPredictor, blended_remaining_iterations
+from gpusched.services.predictor.progress import (
     SOURCE_PLANNED,
     SOURCE_PROGRESS,
     ProgressLearner,

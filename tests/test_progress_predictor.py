@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from libs.core.convergence import Convergence
-from libs.core.decision import Decision, Start
-from libs.core.progress import MIN_EPOCHS, PRIOR_JOBS, EpochRecord, ProgressPredictor
-from libs.core.snapshot import Snapshot
-from services.scheduler.simulator import Simulator
+from gpusched.libs.core.convergence import Convergence
+from gpusched.libs.core.decision import Decision, Start
+from gpusched.libs.core.progress import MIN_EPOCHS, PRIOR_JOBS, EpochRecord, ProgressPredictor
+from gpusched.libs.core.snapshot import Snapshot
+from gpusched.services.scheduler.simulator import Simulator
 from tests.builders import ConvergingPerf, cluster, job
 
 EPOCH = 1_000.0

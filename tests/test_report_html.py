@@ -14,8 +14,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.report import PLOT_FILES, human_duration
-from services.scheduler.report_html import REPORT_FILE, Option, RunInfo, render
+from gpusched.services.scheduler.report import PLOT_FILES, human_duration
+from gpusched.services.scheduler.report_html import REPORT_FILE, Option, RunInfo, render
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("fifo", "sjf", "tiresias")
@@ -95,7 +95,7 @@ def run_simulate(tmp_path: Path, *args: str) -> tuple[str, Path]:
     """``gpusched simulate`` as a program; its printed output and its --out folder."""
     out = tmp_path / "out"
     done = subprocess.run(
-        [sys.executable, "-m", "services.cli.main", "simulate", *args, "--out", str(out)],
+        [sys.executable, "-m", "gpusched.services.cli.main", "simulate", *args, "--out", str(out)],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "120"},

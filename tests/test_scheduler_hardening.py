@@ -12,9 +12,9 @@ from typing import Any
 
 from msgspec.structs import replace
 
-from libs.common import codec, subjects
-from libs.common.bus import Stores
-from libs.common.schemas import (
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.schemas import (
     CancelRequest,
     GpuInfo,
     Heartbeat,
@@ -28,7 +28,7 @@ from libs.common.schemas import (
     RunRef,
     StateChange,
 )
-from services.scheduler.live import Beat, Durable, LiveScheduler, RecordConflict, Sweep
+from gpusched.services.scheduler.live import Beat, Durable, LiveScheduler, RecordConflict, Sweep
 from tests.live import fast_scheduler, spec, store_job
 
 NODE = "n1"

@@ -10,11 +10,11 @@ import time
 
 from nats.aio.msg import Msg
 
-from libs.common import codec, subjects
-from libs.common.bus import Stores
-from libs.common.embedded import wait_until
-from libs.common.schemas import CancelRequest, JobState
-from services.scheduler.live import SchedulerService
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.embedded import wait_until
+from gpusched.libs.common.schemas import CancelRequest, JobState
+from gpusched.services.scheduler.live import SchedulerService
 from tests.live import fast_scheduler, spec, store_job, wait_state
 
 

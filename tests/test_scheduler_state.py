@@ -9,11 +9,11 @@ from dataclasses import replace as replace_dataclass
 import msgspec
 import pytest
 
-from libs.common.schemas import GpuInfo, JobRecord, JobSpec, NodeInfo, Placement
-from libs.core.groundtruth import load_performance_model
-from services.scheduler.config import SchedulerConfig
-from services.scheduler.policies import make_policy
-from services.scheduler.state import Layout, LiveJob, Phase, build_snapshot, waiting_view
+from gpusched.libs.common.schemas import GpuInfo, JobRecord, JobSpec, NodeInfo, Placement
+from gpusched.libs.core.groundtruth import load_performance_model
+from gpusched.services.scheduler.config import SchedulerConfig
+from gpusched.services.scheduler.policies import make_policy
+from gpusched.services.scheduler.state import Layout, LiveJob, Phase, build_snapshot, waiting_view
 
 PERF = load_performance_model(None)
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from libs.sdk import REQUIRED_UNDER_GPUSCHED, JobContext, JobEnvironmentError
+from gpusched.libs.sdk import REQUIRED_UNDER_GPUSCHED, JobContext, JobEnvironmentError
 
 
 def managed_env(tmp_path: Path, **overrides: str) -> dict[str, str]:

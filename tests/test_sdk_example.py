@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from libs.common.embedded import wait_until
-from libs.sdk import ENV_VARIABLES
+from gpusched.libs.common.embedded import wait_until
+from gpusched.libs.sdk import ENV_VARIABLES
 from tests.limits import process_limit_s
 
 REPOSITORY = Path(__file__).resolve().parents[1]

@@ -15,15 +15,20 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from libs.core.cluster import MAX_SPEC_GPUS, Cluster, Node
-from libs.core.groundtruth import NoisyEstimates, load_performance_model
-from libs.core.jobs import JobSpec
-from libs.core.perf import PerformanceModel
-from libs.core.traces import TraceError, TraceJob, load_trace, write_native
-from services.cli.main import app
-from services.scheduler.policies import make_policy
-from services.scheduler.runner import InputError, build_cluster, build_models, load_workload
-from services.scheduler.simulator import Simulator, simulate
+from gpusched.libs.core.cluster import MAX_SPEC_GPUS, Cluster, Node
+from gpusched.libs.core.groundtruth import NoisyEstimates, load_performance_model
+from gpusched.libs.core.jobs import JobSpec
+from gpusched.libs.core.perf import PerformanceModel
+from gpusched.libs.core.traces import TraceError, TraceJob, load_trace, write_native
+from gpusched.services.cli.main import app
+from gpusched.services.scheduler.policies import make_policy
+from gpusched.services.scheduler.runner import (
+    InputError,
+    build_cluster,
+    build_models,
+    load_workload,
+)
+from gpusched.services.scheduler.simulator import Simulator, simulate
 from tests import builders
 
 TRUTH = load_performance_model(None)
@@ -229,7 +234,7 @@ def no_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("simulated before checking --out")
 
-    monkeypatch.setattr("services.scheduler.runner.run_policies", refuse)
+    monkeypatch.setattr("gpusched.services.scheduler.runner.run_policies", refuse)
 
 
 def test_an_out_path_under_a_regular_file_is_refused_before_simulating(

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.scheduler.policies import make_policy
-from services.scheduler.policies.sharing import BenefitWindow, t_concurrent, t_sequential
-from services.scheduler.policies.sjf_bsbf import SjfBsbf
-from services.scheduler.policies.slots import SlotGroup
+from gpusched.services.scheduler.policies import make_policy
+from gpusched.services.scheduler.policies.sharing import BenefitWindow, t_concurrent, t_sequential
+from gpusched.services.scheduler.policies.sjf_bsbf import SjfBsbf
+from gpusched.services.scheduler.policies.slots import SlotGroup
 from tests.builders import TablePerf, cluster, pending, running, snapshot
 
 slowdowns = st.floats(min_value=1.0, max_value=6.0)

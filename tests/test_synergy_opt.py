@@ -13,13 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from libs.core.decision import Decision, Start
-from libs.core.jobs import JobSpec
-from libs.core.snapshot import Snapshot
-from services.cli.main import app
-from services.scheduler.policies import make_policy
-from services.scheduler.simulator import SimConfig, simulate
-from services.scheduler.synergy_opt import OptBounded, OptJob, opt_jobs, synergy_opt
+from gpusched.libs.core.decision import Decision, Start
+from gpusched.libs.core.jobs import JobSpec
+from gpusched.libs.core.snapshot import Snapshot
+from gpusched.services.cli.main import app
+from gpusched.services.scheduler.policies import make_policy
+from gpusched.services.scheduler.simulator import SimConfig, simulate
+from gpusched.services.scheduler.synergy_opt import OptBounded, OptJob, opt_jobs, synergy_opt
 from tests.test_synergy_policy import PERF, synergy_cluster
 from tests.test_synergy_sim import simulate_cli
 

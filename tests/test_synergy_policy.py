@@ -11,16 +11,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from libs.core.cluster import Cluster, Node
-from libs.core.decision import Decision, decision_problems
-from libs.core.jobs import JobSpec
-from libs.core.lifecycle import JobState
-from libs.core.perf import CpuMemDemand
-from libs.core.snapshot import JobView, Snapshot
-from services.scheduler.policies import POLICIES, make_policy
-from services.scheduler.policies.synergy import LAS_ORDER, SynergyTune, las_key
-from services.scheduler.simulator import SimConfig, simulate
-from services.scheduler.synergy_opt import opt_jobs, synergy_opt
+from gpusched.libs.core.cluster import Cluster, Node
+from gpusched.libs.core.decision import Decision, decision_problems
+from gpusched.libs.core.jobs import JobSpec
+from gpusched.libs.core.lifecycle import JobState
+from gpusched.libs.core.perf import CpuMemDemand
+from gpusched.libs.core.snapshot import JobView, Snapshot
+from gpusched.services.scheduler.policies import POLICIES, make_policy
+from gpusched.services.scheduler.policies.synergy import LAS_ORDER, SynergyTune, las_key
+from gpusched.services.scheduler.simulator import SimConfig, simulate
+from gpusched.services.scheduler.synergy_opt import opt_jobs, synergy_opt
 from tests.builders import TablePerf
 
 FAIR_CPUS, FAIR_MEM = 3.0, 62.5

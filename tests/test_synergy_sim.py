@@ -16,15 +16,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from libs.core.cluster import Cluster, Node
-from libs.core.decision import Decision, Reallocate, Start, decision_problems
-from libs.core.groundtruth import load_performance_model
-from libs.core.jobs import JobSpec
-from libs.core.perf import CpuMemDemand, demand_on_node
-from libs.core.snapshot import Snapshot
-from services.cli.main import app
-from services.scheduler.runner import build_cluster
-from services.scheduler.simulator import SimConfig, simulate
+from gpusched.libs.core.cluster import Cluster, Node
+from gpusched.libs.core.decision import Decision, Reallocate, Start, decision_problems
+from gpusched.libs.core.groundtruth import load_performance_model
+from gpusched.libs.core.jobs import JobSpec
+from gpusched.libs.core.perf import CpuMemDemand, demand_on_node
+from gpusched.libs.core.snapshot import Snapshot
+from gpusched.services.cli.main import app
+from gpusched.services.scheduler.runner import build_cluster
+from gpusched.services.scheduler.simulator import SimConfig, simulate
 from tests.builders import TablePerf, pending, running, snapshot
 
 TRUTH = load_performance_model(None)

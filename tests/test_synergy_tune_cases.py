@@ -19,11 +19,11 @@ from collections.abc import Sequence
 
 import pytest
 
-from libs.core.decision import Decision, decision_problems
-from libs.core.perf import CpuMemDemand, demand_on_node
-from libs.core.snapshot import JobView
-from services.scheduler.policies import make_policy
-from services.scheduler.policies.synergy import fair_share
+from gpusched.libs.core.decision import Decision, decision_problems
+from gpusched.libs.core.perf import CpuMemDemand, demand_on_node
+from gpusched.libs.core.snapshot import JobView
+from gpusched.services.scheduler.policies import make_policy
+from gpusched.services.scheduler.policies.synergy import fair_share
 from tests.builders import TablePerf, cluster, pending, running, snapshot
 
 PERF = TablePerf(

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from libs.core.groundtruth import ProfilePerformanceModel
-from libs.core.workload import (
+from gpusched.libs.core.groundtruth import ProfilePerformanceModel
+from gpusched.libs.core.workload import (
     in_id_range,
     job_number,
     parse_id_range,
@@ -21,7 +21,7 @@ from libs.core.workload import (
     synergy_models,
     synergy_trace,
 )
-from services.cli.main import app
+from gpusched.services.cli.main import app
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 BY_CLASS = {"image": ("i1", "i2"), "language": ("l1", "l2", "l3"), "speech": ("s1",)}

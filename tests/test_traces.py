@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libs.core.jobs import JobSpec
-from libs.core.traces import (
+from gpusched.libs.core.jobs import JobSpec
+from gpusched.libs.core.traces import (
     ALIBABA_GPU_MEM_GB,
     FORMATS,
     LoadedTrace,
@@ -23,7 +23,7 @@ from libs.core.traces import (
     load_trace,
     write_native,
 )
-from libs.core.workload import (
+from gpusched.libs.core.workload import (
     MODEL_CATEGORIES,
     MODEL_MIX,
     materialize,

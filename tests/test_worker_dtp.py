@@ -16,16 +16,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from libs.common.bus import Stores
-from libs.common.embedded import free_port
-from libs.common.schemas import JobState
-from services.nodeagent.worker.catalog import ModelSpec, cpu_cost_for
-from services.nodeagent.worker.degrees import Degrees, DegreesError, degrees_for
-from services.nodeagent.worker.dtp import build_stage, new_groups, unsplit_mlp
-from services.nodeagent.worker.pipeline import DataSet, DecodedCache, InputPipeline
-from services.nodeagent.worker.training import make_optimizer
-from services.nodeagent.worker.zoo import SyntheticData
-from services.scheduler.live import SchedulerService
+from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.embedded import free_port
+from gpusched.libs.common.schemas import JobState
+from gpusched.services.nodeagent.worker.catalog import ModelSpec, cpu_cost_for
+from gpusched.services.nodeagent.worker.degrees import Degrees, DegreesError, degrees_for
+from gpusched.services.nodeagent.worker.dtp import build_stage, new_groups, unsplit_mlp
+from gpusched.services.nodeagent.worker.pipeline import DataSet, DecodedCache, InputPipeline
+from gpusched.services.nodeagent.worker.training import make_optimizer
+from gpusched.services.nodeagent.worker.zoo import SyntheticData
+from gpusched.services.scheduler.live import SchedulerService
 from tests.limits import process_limit_s
 from tests.live import fast_scheduler, spec, store_job, wait_state
 from tests.test_live_scheduling import nodes
@@ -217,7 +217,7 @@ def test_degrees_whose_product_is_not_the_ranks_are_refused_in_one_line_naming_t
 ):
     env = dtp_env(tmp_path, **overrides)
     done = subprocess.run(
-        [sys.executable, "-m", "services.nodeagent.worker"], cwd=REPOSITORY, env=env,
+        [sys.executable, "-m", "gpusched.services.nodeagent.worker"], cwd=REPOSITORY, env=env,
         capture_output=True, text=True, timeout=process_limit_s(1),
     )
     assert done.returncode == 2, done.stderr

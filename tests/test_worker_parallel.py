@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from libs.common.embedded import wait_until
-from services.nodeagent.worker.cli import HOLD_AT_ITERATION_ENV
+from gpusched.libs.common.embedded import wait_until
+from gpusched.services.nodeagent.worker.cli import HOLD_AT_ITERATION_ENV
 from tests.limits import process_limit_s
 from tests.test_worker_process import (
     REPOSITORY,
@@ -32,7 +32,7 @@ class Job:
         self.stderr_path = stderr_path
         with stderr_path.open("wb") as stderr:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "services.nodeagent.worker"],
+                [sys.executable, "-m", "gpusched.services.nodeagent.worker"],
                 cwd=REPOSITORY, env=env, stdout=stderr, stderr=stderr,
                 start_new_session=True,
             )

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import torch
 
-from libs.common.embedded import wait_until
-from libs.sdk import ENV_VARIABLES, JobContext
-from services.nodeagent.worker.catalog import ModelSpec
-from services.nodeagent.worker.cli import HOLD_AT_ITERATION_ENV, ITERATION_LOG_ENV
-from services.nodeagent.worker.training import TrainingOptions, run_job
+from gpusched.libs.common.embedded import wait_until
+from gpusched.libs.sdk import ENV_VARIABLES, JobContext
+from gpusched.services.nodeagent.worker.catalog import ModelSpec
+from gpusched.services.nodeagent.worker.cli import HOLD_AT_ITERATION_ENV, ITERATION_LOG_ENV
+from gpusched.services.nodeagent.worker.training import TrainingOptions, run_job
 from tests.limits import process_limit_s
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ class Worker:
         self.stderr_path = stderr_path
         with stderr_path.open("wb") as stderr:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "services.nodeagent.worker"],
+                [sys.executable, "-m", "gpusched.services.nodeagent.worker"],
                 cwd=REPOSITORY,
                 env=env,
                 stdout=subprocess.DEVNULL,

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from libs.core.groundtruth import ProfilePerformanceModel
-from libs.sdk import JobContext
-from services.nodeagent.worker.catalog import (
+from gpusched.libs.core.groundtruth import ProfilePerformanceModel
+from gpusched.libs.sdk import JobContext
+from gpusched.services.nodeagent.worker.catalog import (
     ZOO_MODELS,
     CpuCost,
     ModelSpec,
@@ -22,7 +22,7 @@ from services.nodeagent.worker.catalog import (
     cpu_cost_for,
     zoo_model_for,
 )
-from services.nodeagent.worker.pipeline import (
+from gpusched.services.nodeagent.worker.pipeline import (
     ENTRY_OVERHEAD_BYTES,
     GIB,
     RECORD_BYTES,
@@ -31,9 +31,9 @@ from services.nodeagent.worker.pipeline import (
     InputPipeline,
     cache_budget_bytes,
 )
-from services.nodeagent.worker.profiling import profile
-from services.nodeagent.worker.schedule import LearningRateRule, Ramp
-from services.nodeagent.worker.training import (
+from gpusched.services.nodeagent.worker.profiling import profile
+from gpusched.services.nodeagent.worker.schedule import LearningRateRule, Ramp
+from gpusched.services.nodeagent.worker.training import (
     CheckpointMismatchError,
     Resources,
     Trainer,
@@ -42,7 +42,7 @@ from services.nodeagent.worker.training import (
     run_job,
     train_step,
 )
-from services.nodeagent.worker.zoo import SyntheticData, build_model, loss_of
+from gpusched.services.nodeagent.worker.zoo import SyntheticData, build_model, loss_of
 
 EXPECTED_ZOO_BY_CATEGORY = {"image": "cnn", "language": "transformer"}
 

@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 
 import structlog
 
-from libs.common.tasks import cancel_and_wait
+from gpusched.libs.common.tasks import cancel_and_wait
 
 M = TypeVar("M")
 

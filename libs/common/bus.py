@@ -29,7 +29,7 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from libs.common import codec, health, natsauth, subjects
+from gpusched.libs.common import codec, health, natsauth, subjects
 
 log = structlog.get_logger("gpusched.bus")
 

@@ -6,7 +6,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from libs.common.schemas import SCHEMA_VERSION
+from gpusched.libs.common.schemas import SCHEMA_VERSION
 
 T = TypeVar("T")
 

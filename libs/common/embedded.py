@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from libs.common.natsauth import NatsUser, server_authorization, write_private
-from libs.common.natsauth import password as natsauth_password
+from gpusched.libs.common.natsauth import NatsUser, server_authorization, write_private
+from gpusched.libs.common.natsauth import password as natsauth_password
 
 
 class NatsServerNotFound(RuntimeError):
@@ -50,7 +50,7 @@ class NatsServer:
     """One nats-server process. ``start`` blocks until it accepts connections.
 
     Without ``users`` anyone who reaches the port may do anything (tests, a private
-    machine). With ``users`` (see :mod:`libs.common.natsauth`) only they may connect, each
+    machine). With ``users`` (see :mod:`gpusched.libs.common.natsauth`) only they may connect, each
     with its own permissions; the configuration holding their passwords is written to
     ``store_dir/nats.conf`` with mode 0600."""
 

@@ -1,7 +1,7 @@
 """A heartbeat file saying that a service is alive and connected to NATS, for container
-health checks: ``python -m libs.common.health [--file PATH] [--max-age S]``.
+health checks: ``python -m gpusched.libs.common.health [--file PATH] [--max-age S]``.
 
-With ``GPUSCHED_HEALTH_FILE`` set, every NATS client made by ``libs.common.bus.connect``
+With ``GPUSCHED_HEALTH_FILE`` set, every NATS client made by ``gpusched.libs.common.bus.connect``
 is watched: every ``GPUSCHED_HEALTH_EVERY_S`` seconds (default 5) the file is rewritten,
 as long as the process's event loop runs and each of its open clients is connected. A
 stuck loop, or a client that lost NATS, stops the beats, and the check fails once the
@@ -21,8 +21,8 @@ from pathlib import Path
 
 from nats.aio.client import Client
 
-from libs.common import settings
-from libs.common.settings import Setting
+from gpusched.libs.common import settings
+from gpusched.libs.common.settings import Setting
 
 FILE = Setting("GPUSCHED_HEALTH_FILE", settings.path())
 EVERY_S = Setting("GPUSCHED_HEALTH_EVERY_S", settings.number(0, above=True))
@@ -79,7 +79,9 @@ def problem(path: Path, max_age_s: float, now: float | None = None) -> str | Non
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m libs.common.health", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m gpusched.libs.common.health", description=__doc__
+    )
     parser.add_argument("--file", type=Path, default=None,
                         help="heartbeat file (default: GPUSCHED_HEALTH_FILE)")  # fmt: skip
     parser.add_argument("--max-age", type=float, default=DEFAULT_MAX_AGE_S,

@@ -15,7 +15,7 @@ import msgspec
 
 # job records and events carry the core's job states: one vocabulary, and its users
 # may import it from here with the rest of the wire
-from libs.core.lifecycle import JobState
+from gpusched.libs.core.lifecycle import JobState
 
 SCHEMA_VERSION = 1
 

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from libs.core.profiles.files import csv_rows, number_cell
+from gpusched.libs.core.profiles.files import csv_rows, number_cell
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from libs.core.cluster import HostUse
-from libs.core.perf import PerformanceModel
-from libs.core.snapshot import JobView, Snapshot
+from gpusched.libs.core.cluster import HostUse
+from gpusched.libs.core.perf import PerformanceModel
+from gpusched.libs.core.snapshot import JobView, Snapshot
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,8 +6,8 @@ import hashlib
 import math
 import random
 
-from libs.core.perf import CpuMemDemand, PerformanceModel
-from libs.core.shape import JobShape
+from gpusched.libs.core.perf import CpuMemDemand, PerformanceModel
+from gpusched.libs.core.shape import JobShape
 
 #: |log| of the largest factor `NoisyEstimates` applies (e^100, about 2.7e43)
 MAX_LOG_FACTOR = 100.0

@@ -12,10 +12,10 @@ Two layers:
   Pollux step times by placement and per-GPU batch (iteration time), Gavel throughputs
   of co-located pairs on V100 (co-location slowdown) and Synergy's throughput grids over
   CPU cores and memory per GPU (CPU/memory speedup). Their readers live in
-  ``libs.core.profiles``.
+  ``gpusched.libs.core.profiles``.
 
 Interpolated measurements are noisy, so the contract of
-:class:`~libs.core.perf.PerformanceModel` is enforced explicitly on top of them (for
+:class:`~gpusched.libs.core.perf.PerformanceModel` is enforced explicitly on top of them (for
 example, an iteration on more nodes takes the maximum of its own estimate and the
 estimate on fewer nodes). Every public method caches its results by argument tuple: the
 model is immutable after construction and these calls sit on the simulator's hot path.
@@ -27,21 +27,21 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from libs.core.convergence import Convergence, convergence_models
-from libs.core.estimates import NoisyEstimates
-from libs.core.parallelism import Degrees, iteration_time_at
-from libs.core.perf import CpuMemDemand, UnknownModelError, demand_on_node
-from libs.core.profiles.builtin import (
+from gpusched.libs.core.convergence import Convergence, convergence_models
+from gpusched.libs.core.estimates import NoisyEstimates
+from gpusched.libs.core.parallelism import Degrees, iteration_time_at
+from gpusched.libs.core.perf import CpuMemDemand, UnknownModelError, demand_on_node
+from gpusched.libs.core.profiles.builtin import (
     FAIR_CPUS_PER_GPU,
     FAIR_MEM_GB_PER_GPU,
     ModelProfile,
     Network,
     load_builtin,
 )
-from libs.core.profiles.gavel import GAVEL_GPU, GavelTable, read_gavel
-from libs.core.profiles.pollux import MIN_COMPUTE_S, PolluxProfile, read_pollux_model
-from libs.core.profiles.synergy import SynergyData, SynergyModel, read_synergy
-from libs.core.shape import JobShape
+from gpusched.libs.core.profiles.gavel import GAVEL_GPU, GavelTable, read_gavel
+from gpusched.libs.core.profiles.pollux import MIN_COMPUTE_S, PolluxProfile, read_pollux_model
+from gpusched.libs.core.profiles.synergy import SynergyData, SynergyModel, read_synergy
+from gpusched.libs.core.shape import JobShape
 
 #: what other modules have long imported from here
 __all__ = ["NoisyEstimates", "ProfilePerformanceModel", "load_performance_model"]
@@ -264,7 +264,7 @@ class ProfilePerformanceModel:
     ) -> float:
         """Seconds per iteration of a job of data, tensor and pipeline parallel
         ``degrees`` with rank r on server ``node_of_rank[r]``: the analytic model of
-        ``libs.core.parallelism`` over the built-in profile (research profiles measure
+        ``gpusched.libs.core.parallelism`` over the built-in profile (research profiles measure
         data-parallel jobs only, so they are not read here)."""
         first_seen: dict[int, int] = {}
         shape = tuple(first_seen.setdefault(n, len(first_seen)) for n in node_of_rank)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from libs.core.parallelism import Degrees
-from libs.core.shape import JobShape
+from gpusched.libs.core.parallelism import Degrees
+from gpusched.libs.core.shape import JobShape
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,7 +16,7 @@ class JobSpec:
     ``iterations`` is the ground truth: how many iterations of the global batch the job
     really runs. A scheduler never reads it; it sees a prediction instead. It need not
     be whole: a count derived from a trace's run time keeps its fraction, so the job
-    takes exactly that run time (see ``libs.core.workload.materialize``).
+    takes exactly that run time (see ``gpusched.libs.core.workload.materialize``).
     """
 
     job_id: str
@@ -31,7 +31,7 @@ class JobSpec:
     cpus_per_gpu: float | None = None
     mem_gb_per_gpu: float | None = None
     #: what the user calls the job (``user3-bert-finetune-v7``) and its data set; both
-    #: optional, read by the size predictor (``libs.core.size_predictor``)
+    #: optional, read by the size predictor (``gpusched.libs.core.size_predictor``)
     name: str = ""
     dataset: str = ""
     #: the iterations the user says the job runs (a guess; ``iterations`` is the truth);

@@ -70,11 +70,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from libs.core.profiles.builtin import ModelProfile, Network, ring_factor
+from gpusched.libs.core.profiles.builtin import ModelProfile, Network, ring_factor
 
 if TYPE_CHECKING:
-    from libs.core.cluster import Cluster
-    from libs.core.jobs import JobSpec
+    from gpusched.libs.core.cluster import Cluster
+    from gpusched.libs.core.jobs import JobSpec
 
 #: every model is taken as this many equal layers (BERT-large's, GPT-2 medium's depth)
 LAYERS = 24

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from libs.core.convergence import Convergence
-from libs.core.shape import JobShape
+from gpusched.libs.core.convergence import Convergence
+from gpusched.libs.core.shape import JobShape
 
 
 class UnknownModelError(KeyError):

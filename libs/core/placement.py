@@ -11,8 +11,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from libs.core.parallelism import Degrees, Traffic, map_job
-from libs.core.snapshot import Snapshot
+from gpusched.libs.core.parallelism import Degrees, Traffic, map_job
+from gpusched.libs.core.snapshot import Snapshot
 
 
 class FreeGpus:
@@ -89,7 +89,7 @@ class FreeGpus:
         return [next(taken[node]) for node in node_of_rank]
 
     def take_parallel(self, degrees: Degrees, flows: Traffic | None = None) -> list[int] | None:
-        """Place a (d, t, p) job where ``libs.core.parallelism.map_job`` maps it, GPUs in
+        """Place a (d, t, p) job where ``gpusched.libs.core.parallelism.map_job`` maps it, GPUs in
         rank order; a job with t = p = 1 exactly as :meth:`take` places it."""
         if degrees.model_parallel == 1:
             return self.take(degrees.gpus)

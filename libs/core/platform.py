@@ -5,7 +5,7 @@ Our design, not the paper's (its text is not available; DESIGN.md section 5 says
 "measured intra- and inter-node bandwidth and latency", all-reduce is our assumption):
 
 - **Ring all-reduce.** The time of ``bytes`` over ``gpus`` GPUs on ``nodes`` servers is
-  the built-in profiles' formula, :meth:`libs.core.profiles.builtin.Network.allreduce_s`
+  the built-in profiles' formula, :meth:`gpusched.libs.core.profiles.builtin.Network.allreduce_s`
   (each GPU sends ``2 (g - 1) / g`` of the bytes; a ring inside one server runs at the
   intra-node bandwidth, one that leaves it at the inter-node bandwidth, and every extra
   server adds an inter-node latency in each of the ring's two phases), plus what that
@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from libs.core.profiles.builtin import Network, ring_factor
+from gpusched.libs.core.profiles.builtin import Network, ring_factor
 
 #: bytes in the built-in network's megabyte (``Network.allreduce_s`` takes MB)
 BYTES_PER_MB = 1e6

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from libs.core.extras import TRAIN, require
+from gpusched.libs.core.extras import TRAIN, require
 
 #: a job needs this many epochs done before it gets a prediction (ONES's rule)
 MIN_EPOCHS = 2.0

@@ -1,12 +1,12 @@
 """A recurring workload: users who resubmit variants of the same few jobs.
 
 Our generator (no published trace has these fields), for ``--trace recurring:N``. The
-size predictor (`libs.core.size_predictor`) learns from such workloads what a user's
+size predictor (`gpusched.libs.core.size_predictor`) learns from such workloads what a user's
 declared size does not say.
 
 - ``users`` users (default ``round(sqrt(N))`` between 4 and 40), each with 2 to 5 job
   *templates*: a model from the performance model's mix (image 20 %, language 70 %,
-  speech 10 %, as `libs.core.workload.MODEL_MIX`), a data set of that model's family, a
+  speech 10 %, as `gpusched.libs.core.workload.MODEL_MIX`), a data set of that model's family, a
   task (``pretrain``, ``finetune``, ...), GPUs from ``gpu_choices`` and the model's
   default batch per GPU.
 - A template's run time alone (at its most consolidated placement on the cluster) is
@@ -30,10 +30,10 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from libs.core.cluster import Cluster
-from libs.core.jobs import JobSpec
-from libs.core.perf import PerformanceModel
-from libs.core.workload import MODEL_CATEGORIES, MODEL_MIX
+from gpusched.libs.core.cluster import Cluster
+from gpusched.libs.core.jobs import JobSpec
+from gpusched.libs.core.perf import PerformanceModel
+from gpusched.libs.core.workload import MODEL_CATEGORIES, MODEL_MIX
 
 #: the prefix of ``--trace recurring:N``
 RECURRING_PREFIX = "recurring:"

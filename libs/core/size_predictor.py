@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from libs.core.jobs import JobSpec
+from gpusched.libs.core.jobs import JobSpec
 
 #: what ``--predictor`` accepts: the simulator's true sizes (today's default), the
 #: users' declared sizes, or the random forest learning online

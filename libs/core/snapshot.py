@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from libs.core.cluster import Cluster
-from libs.core.lifecycle import JobState
-from libs.core.perf import PerformanceModel
+from gpusched.libs.core.cluster import Cluster
+from gpusched.libs.core.lifecycle import JobState
+from gpusched.libs.core.perf import PerformanceModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +58,10 @@ class JobView:
     epoch_s: float | None = None
     #: the tenant (user) that submitted the job, and the priority it gave it (-1000..1000):
     #: a tenant's higher-priority jobs take the places of its own lower-priority ones in
-    #: a policy's order (``services.scheduler.policies.base.by_priority``)
+    #: a policy's order (``gpusched.services.scheduler.policies.base.by_priority``)
     user: str = ""
     priority: int = 0
-    #: tensor and pipeline parallel degrees (``libs.core.parallelism``); data
+    #: tensor and pipeline parallel degrees (``gpusched.libs.core.parallelism``); data
     #: parallel = gpus / (tensor x pipeline); a policy places such a job with
     #: ``FreeGpus.take_parallel``
     tensor_parallel: int = 1

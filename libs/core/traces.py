@@ -1,7 +1,7 @@
 """Trace loaders: research cluster traces and the project's own format as `TraceJob`s.
 
 A `TraceJob` is what a trace says about a job, no more: many traces give no model or
-batch size, some give a run time and others an iteration count. `libs.core.workload`
+batch size, some give a run time and others an iteration count. `gpusched.libs.core.workload`
 turns trace jobs into runnable `JobSpec`s with a performance model.
 
 Every loader shifts submit times so the first job arrives at 0, sorts jobs by
@@ -25,9 +25,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Generic, TextIO, TypeVar
 
-from libs.core.cluster import Cluster, Node
-from libs.core.convergence import BUILTIN as BUILTIN_CONVERGENCE
-from libs.core.convergence import Convergence, load_convergence
+from gpusched.libs.core.cluster import Cluster, Node
+from gpusched.libs.core.convergence import BUILTIN as BUILTIN_CONVERGENCE
+from gpusched.libs.core.convergence import Convergence, load_convergence
 
 FORMATS = ("philly", "alibaba", "pollux", "native")
 
@@ -87,7 +87,7 @@ class TraceJob:
     cpus_per_gpu: float | None = None
     mem_gb_per_gpu: float | None = None
     line: int = 0
-    #: the tenant's own order of its jobs, -1000..1000 (see ``libs.core.jobs.JobSpec``)
+    #: the tenant's own order of its jobs, -1000..1000 (see ``gpusched.libs.core.jobs.JobSpec``)
     priority: int = 0
     #: tensor and pipeline parallel degrees (their product divides ``gpus``)
     tensor_parallel: int = 1
@@ -544,7 +544,7 @@ _POLLUX_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 class _PolluxIterations:
     """Iterations a Pollux job of (application, batch size) runs until it converges:
     from the application's training-progress traces under the data folder, or the
-    project's built-in curves (see :mod:`libs.core.convergence`)."""
+    project's built-in curves (see :mod:`gpusched.libs.core.convergence`)."""
 
     def __init__(self, data_dir: Path | None) -> None:
         self.data_dir = data_dir

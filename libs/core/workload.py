@@ -14,12 +14,12 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from libs.core.cluster import Cluster
-from libs.core.groundtruth import SYNERGY_CATEGORIES
-from libs.core.jobs import JobSpec
-from libs.core.parallelism import alone_iteration_time
-from libs.core.perf import PerformanceModel
-from libs.core.traces import TraceJob, write_native
+from gpusched.libs.core.cluster import Cluster
+from gpusched.libs.core.groundtruth import SYNERGY_CATEGORIES
+from gpusched.libs.core.jobs import JobSpec
+from gpusched.libs.core.parallelism import alone_iteration_time
+from gpusched.libs.core.perf import PerformanceModel
+from gpusched.libs.core.traces import TraceJob, write_native
 
 __all__ = [
     "CATEGORY_WEIGHTS",

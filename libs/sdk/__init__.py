@@ -1,6 +1,6 @@
 """The job SDK: what a training script needs to run under gpusched (see docs/sdk.md)."""
 
-from libs.sdk.context import (
+from gpusched.libs.sdk.context import (
     ENV_VARIABLES,
     REQUIRED_UNDER_GPUSCHED,
     JobContext,

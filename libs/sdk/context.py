@@ -27,8 +27,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Literal
 
-from libs.common import settings
-from libs.common.settings import Setting, SettingError, load
+from gpusched.libs.common import settings
+from gpusched.libs.common.settings import Setting, SettingError, load
 
 JOB_ID = "GPUSCHED_JOB_ID"
 RUN_ID = "GPUSCHED_RUN_ID"

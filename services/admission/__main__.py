@@ -1,4 +1,4 @@
-"""``python -m services.admission``: the admission service, configured from the
+"""``python -m gpusched.services.admission``: the admission service, configured from the
 environment (see ``AdmissionConfig.from_env``)."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from libs.common.logging import configure_logging
-from services.admission.config import AdmissionConfig
-from services.admission.service import serve
+from gpusched.libs.common.logging import configure_logging
+from gpusched.services.admission.config import AdmissionConfig
+from gpusched.services.admission.service import serve
 
 
 def main() -> None:

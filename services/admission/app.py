@@ -16,9 +16,9 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
 
-from libs.common import codec, subjects
-from libs.common.bus import Stores
-from libs.common.schemas import (
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.schemas import (
     CancelRequest,
     JobProgressEvent,
     JobRecord,
@@ -30,21 +30,21 @@ from libs.common.schemas import (
     StateChange,
     now,
 )
-from libs.common.tasks import cancel_and_wait
-from libs.core.groundtruth import load_performance_model
-from services.admission import params, problems, quota
-from services.admission.auth import Authenticator
-from services.admission.config import OPEN_TENANT, AdmissionConfig
-from services.admission.ids import idempotent_job_id, is_job_id, new_job_id
-from services.admission.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from services.admission.metrics import UNMATCHED_ROUTE, Metrics
-from services.admission.openapi import build_openapi
-from services.admission.problems import ProblemError
-from services.admission.quota import QuotaExceeded, Quotas
-from services.admission.quota import open_bucket as open_quota_bucket
-from services.admission.specs import ACCEPTED_TYPES, accepts, decode_spec, total_iterations
-from services.admission.state import JobIndex, KvMirror, NodeIndex, TelemetryCache
-from services.admission.views import (
+from gpusched.libs.common.tasks import cancel_and_wait
+from gpusched.libs.core.groundtruth import load_performance_model
+from gpusched.services.admission import params, problems, quota
+from gpusched.services.admission.auth import Authenticator
+from gpusched.services.admission.config import OPEN_TENANT, AdmissionConfig
+from gpusched.services.admission.ids import idempotent_job_id, is_job_id, new_job_id
+from gpusched.services.admission.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gpusched.services.admission.metrics import UNMATCHED_ROUTE, Metrics
+from gpusched.services.admission.openapi import build_openapi
+from gpusched.services.admission.problems import ProblemError
+from gpusched.services.admission.quota import QuotaExceeded, Quotas
+from gpusched.services.admission.quota import open_bucket as open_quota_bucket
+from gpusched.services.admission.specs import ACCEPTED_TYPES, accepts, decode_spec, total_iterations
+from gpusched.services.admission.state import JobIndex, KvMirror, NodeIndex, TelemetryCache
+from gpusched.services.admission.views import (
     ClusterTotals,
     ClusterView,
     GpuView,
@@ -101,7 +101,7 @@ def make_app(
     app = web.Application(middlewares=[api.middleware], client_max_size=config.max_body_bytes)
     app[API] = api
     api.add_routes(app.router)
-    from services.admission.dashboard import Dashboard  # it builds on this module
+    from gpusched.services.admission.dashboard import Dashboard  # it builds on this module
 
     Dashboard(api).add_routes(app.router)
     app.cleanup_ctx.append(api.background)

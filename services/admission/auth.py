@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
-from services.admission.config import OPEN_TENANT
-from services.admission.problems import ProblemError
+from gpusched.services.admission.config import OPEN_TENANT
+from gpusched.services.admission.problems import ProblemError
 
 REALM = "gpusched"
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
-from libs.common import settings
-from libs.common.settings import DEFAULT_NATS_URL, Setting, load
+from gpusched.libs.common import settings
+from gpusched.libs.common.settings import DEFAULT_NATS_URL, Setting, load
 
 DEFAULT_PORT = 8080
 DEFAULT_MAX_BODY_BYTES = 65536

@@ -31,9 +31,9 @@ from aiohttp import ClientConnectionResetError, hdrs, web
 from nats.aio.msg import Msg
 from nats.js.errors import KeyDeletedError, KeyNotFoundError
 
-from libs.common import codec, subjects
-from libs.common.schemas import DecisionSummary, JobProgressEvent, JobStateEvent, Lease
-from services.admission.app import (
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.schemas import DecisionSummary, JobProgressEvent, JobStateEvent, Lease
+from gpusched.services.admission.app import (
     _STOP_STREAM,
     EVENT_STREAM_HEADERS,
     KEEPALIVE_S,
@@ -144,7 +144,7 @@ class Dashboard:
         if not set(ASSETS) <= PUBLIC_ROUTES:
             raise ValueError("the dashboard's page and assets must be public routes in app.py")
         self.api = api
-        static = importlib.resources.files("services.admission") / "static"
+        static = importlib.resources.files("gpusched.services.admission") / "static"
         self._assets = {
             path: (static.joinpath(name).read_bytes(), content_type)
             for path, (name, content_type) in ASSETS.items()

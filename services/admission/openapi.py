@@ -7,18 +7,18 @@ from typing import Any
 
 import msgspec
 
-from libs.common.schemas import (
+from gpusched.libs.common.schemas import (
     JobProgressEvent,
     JobSpec,
     JobState,
     JobStateEvent,
     SizeErrorReport,
 )
-from services.admission import params
-from services.admission.ids import JOB_ID
-from services.admission.problems import PROBLEM_CONTENT_TYPE, Problem
-from services.admission.specs import ACCEPTED_TYPES
-from services.admission.views import ClusterView, Health, JobDetail, JobList
+from gpusched.services.admission import params
+from gpusched.services.admission.ids import JOB_ID
+from gpusched.services.admission.problems import PROBLEM_CONTENT_TYPE, Problem
+from gpusched.services.admission.specs import ACCEPTED_TYPES
+from gpusched.services.admission.views import ClusterView, Health, JobDetail, JobList
 
 _REF = "#/components/schemas/{name}"
 

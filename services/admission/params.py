@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from libs.common.schemas import JobState
-from services.admission.problems import ProblemError
+from gpusched.libs.common.schemas import JobState
+from gpusched.services.admission.problems import ProblemError
 
 MAX_PAGE = 1000
 DEFAULT_PAGE = 50

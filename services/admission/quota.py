@@ -34,7 +34,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from libs.common import subjects
+from gpusched.libs.common import subjects
 
 log = structlog.get_logger("gpusched.admission")
 

@@ -13,9 +13,9 @@ import structlog
 from aiohttp import web
 from nats.aio.client import Client
 
-from libs.common.bus import Stores, connect
-from services.admission.app import make_app
-from services.admission.config import AdmissionConfig
+from gpusched.libs.common.bus import Stores, connect
+from gpusched.services.admission.app import make_app
+from gpusched.services.admission.config import AdmissionConfig
 
 log = structlog.get_logger("gpusched.admission")
 

@@ -12,8 +12,8 @@ import msgspec
 import yaml
 from yaml.composer import ComposerError
 
-from libs.common.schemas import MAX_ITERATIONS, JobSpec
-from services.admission.problems import ProblemError, field_of, message_of
+from gpusched.libs.common.schemas import MAX_ITERATIONS, JobSpec
+from gpusched.services.admission.problems import ProblemError, field_of, message_of
 
 JSON_TYPES = frozenset({"application/json"})
 YAML_TYPES = frozenset({"application/yaml", "application/x-yaml", "text/yaml"})

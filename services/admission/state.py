@@ -19,8 +19,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from libs.common import codec, subjects
-from libs.common.schemas import JobRecord, JobState, NodeInfo, Placement, Telemetry
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.schemas import JobRecord, JobState, NodeInfo, Placement, Telemetry
 
 log = structlog.get_logger("gpusched.admission")
 

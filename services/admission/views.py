@@ -6,8 +6,8 @@ import math
 
 import msgspec
 
-from libs.common.schemas import GpuTelemetry, JobRecord
-from libs.core.lifecycle import JobState
+from gpusched.libs.common.schemas import GpuTelemetry, JobRecord
+from gpusched.libs.core.lifecycle import JobState
 
 
 class JobDetail(JobRecord, frozen=True, kw_only=True):

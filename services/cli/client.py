@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from libs.common import settings
-from libs.common.settings import Setting
+from gpusched.libs.common import settings
+from gpusched.libs.common.settings import Setting
 
 STATE_DIR = Setting("GPUSCHED_STATE_DIR", settings.path())
 XDG_STATE_HOME = Setting("XDG_STATE_HOME", settings.path())

@@ -13,8 +13,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from libs.common import codec, subjects
-from services.cli.client import ApiError, Endpoint, call
+from gpusched.libs.common import codec, subjects
+from gpusched.services.cli.client import ApiError, Endpoint, call
 
 UrlOption = Annotated[
     str | None, typer.Option("--url", help="API address (default: GPUSCHED_URL or `up`'s).")
@@ -240,7 +240,7 @@ def _jobs_table(rows: list[tuple[str, ...]]) -> Table:
 
 
 async def _tap(nats_url: str, subject: str, count: int) -> None:
-    from libs.common.bus import connection
+    from gpusched.libs.common.bus import connection
 
     seen = 0
     done = asyncio.Event()

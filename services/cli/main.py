@@ -1,7 +1,8 @@
 """The ``gpusched`` command line: replay a trace under several policies, list policies.
 
-A thin shell over `services.scheduler.runner` and `services.scheduler.report`: it parses
-options, turns user mistakes into one-line errors (exit code 2) and shows progress.
+A thin shell over `gpusched.services.scheduler.runner` and
+`gpusched.services.scheduler.report`: it parses options, turns user mistakes into
+one-line errors (exit code 2) and shows progress.
 """
 
 from __future__ import annotations
@@ -17,18 +18,18 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from libs.core.cluster import DEFAULT_CPUS_PER_GPU, DEFAULT_HOST_MEM_GB_PER_GPU
-from services.cli.live import register as register_live_commands
-from services.cli.serve import register as register_service_commands
+from gpusched.libs.core.cluster import DEFAULT_CPUS_PER_GPU, DEFAULT_HOST_MEM_GB_PER_GPU
+from gpusched.services.cli.live import register as register_live_commands
+from gpusched.services.cli.serve import register as register_service_commands
 
 if TYPE_CHECKING:
-    from libs.core.cluster import Cluster
-    from libs.core.jobs import JobSpec
-    from libs.core.perf import PerformanceModel
-    from services.scheduler.report_html import RunInfo
-    from services.scheduler.results import SimResult
-    from services.scheduler.runner import ProgressCallback, ProgressFactory, Workload
-    from services.scheduler.simulator import SimConfig
+    from gpusched.libs.core.cluster import Cluster
+    from gpusched.libs.core.jobs import JobSpec
+    from gpusched.libs.core.perf import PerformanceModel
+    from gpusched.services.scheduler.report_html import RunInfo
+    from gpusched.services.scheduler.results import SimResult
+    from gpusched.services.scheduler.runner import ProgressCallback, ProgressFactory, Workload
+    from gpusched.services.scheduler.simulator import SimConfig
 
 # Only what the options themselves need is imported above: the simulator, its policies,
 # numpy, scipy and matplotlib are imported by the commands that use them, so that
@@ -41,11 +42,11 @@ class UsageError(ValueError):
 
 def _user_errors() -> tuple[type[Exception], ...]:
     """Mistakes in what the user asked for: shown as one line, exit code 2."""
-    from libs.core.extras import MissingExtraError
-    from libs.core.perf import UnknownModelError
-    from libs.core.traces import TraceError
-    from services.scheduler.policies import UnknownPolicyError
-    from services.scheduler.runner import InputError
+    from gpusched.libs.core.extras import MissingExtraError
+    from gpusched.libs.core.perf import UnknownModelError
+    from gpusched.libs.core.traces import TraceError
+    from gpusched.services.scheduler.policies import UnknownPolicyError
+    from gpusched.services.scheduler.runner import InputError
 
     return (UsageError, InputError, TraceError, UnknownPolicyError, UnknownModelError,
             MissingExtraError)  # fmt: skip
@@ -58,14 +59,14 @@ MIN_TABLE_WIDTH = 160
 
 class SpeedModel(StrEnum):
     """How a job's CPU/memory allocation sets its speed; mirrors
-    `libs.core.groundtruth.SPEED_MODELS`."""
+    `gpusched.libs.core.groundtruth.SPEED_MODELS`."""
 
     grid = "grid"
     binary = "binary"
 
 
 class TraceFormat(StrEnum):
-    """Trace file formats; mirrors `libs.core.traces.FORMATS`."""
+    """Trace file formats; mirrors `gpusched.libs.core.traces.FORMATS`."""
 
     philly = "philly"
     alibaba = "alibaba"
@@ -230,8 +231,8 @@ def simulate(
     ] = "truth",
 ) -> None:
     """Replay a trace under one or more policies; print a table and write outputs."""
-    from libs.core.workload import with_deadlines
-    from services.scheduler.runner import (
+    from gpusched.libs.core.workload import with_deadlines
+    from gpusched.services.scheduler.runner import (
         build_cluster,
         build_models,
         check_policies,
@@ -239,7 +240,7 @@ def simulate(
         load_workload,
         run_policies,
     )
-    from services.scheduler.simulator import PolicyViolation, SimConfig
+    from gpusched.services.scheduler.simulator import PolicyViolation, SimConfig
 
     out_console, err_console = _consoles()
     try:
@@ -250,7 +251,7 @@ def simulate(
         names = check_policies(_policy_names(policy), max_resident_slowdown)
         names = _with_extras(names, explicit=bool(policy), notes=err_console)
         check_round_s(round_s)
-        from services.scheduler.runner import check_predictor
+        from gpusched.services.scheduler.runner import check_predictor
 
         check_predictor(predictor)
         _check_out(out)
@@ -297,7 +298,7 @@ def simulate(
         _fail(err_console, f"policy broke a cluster invariant: {exc}", code=1)
     if measured is not None:
         results = [_measured(r, measured) for r in results]
-    from services.scheduler.report import summary_table
+    from gpusched.services.scheduler.report import summary_table
 
     out_console.print(summary_table(results))
     settings: dict[str, object] = {
@@ -308,7 +309,7 @@ def simulate(
     }
     if opt_bound:
         settings["opt_bound"] = True
-    from services.scheduler.report_html import RunInfo
+    from gpusched.services.scheduler.report_html import RunInfo
 
     run = RunInfo.from_context(context, cluster=built, policies=names, notes=workload.notes)
     _write(out_console, err_console, results, out, settings, run)
@@ -322,7 +323,7 @@ def _write(
     settings: dict[str, object],
     run: RunInfo | None = None,
 ) -> None:
-    from services.scheduler.report import write_outputs
+    from gpusched.services.scheduler.report import write_outputs
 
     try:
         paths = write_outputs(results, out, settings, run)
@@ -335,7 +336,7 @@ def _write(
 @app.command("policies")
 def list_policies() -> None:
     """List the scheduling policies with a one-line description each."""
-    from services.scheduler.policies import POLICIES, make_policy
+    from gpusched.services.scheduler.policies import POLICIES, make_policy
 
     table = Table(show_header=True, box=None)
     table.add_column("policy", style="cyan", no_wrap=True)
@@ -386,7 +387,7 @@ def _first_doc_line(obj: object) -> str:
 
 
 def _trace_source(trace: str | None, synthetic_jobs: int | None) -> str:
-    from services.scheduler.runner import SYNTHETIC_PREFIX
+    from gpusched.services.scheduler.runner import SYNTHETIC_PREFIX
 
     if trace is not None and synthetic_jobs is not None:
         raise UsageError("give --trace or --synthetic, not both")
@@ -401,8 +402,8 @@ def _synergy_workload(
     source: str, perf: PerformanceModel, seed: int, rate: float, multigpu: bool, cluster: Cluster
 ) -> Workload | None:
     """Synergy's generated workload for ``synergy:N``, None for any other trace."""
-    from libs.core.workload import synergy_count, synergy_jobs
-    from services.scheduler.runner import Workload
+    from gpusched.libs.core.workload import synergy_count, synergy_jobs
+    from gpusched.services.scheduler.runner import Workload
 
     try:
         count = synergy_count(source)
@@ -440,9 +441,9 @@ def _run_bounded(
     run added to its result."""
     from dataclasses import replace
 
-    from services.scheduler.policies import make_policy
-    from services.scheduler.simulator import simulate as run_simulation
-    from services.scheduler.synergy_opt import OptBounded
+    from gpusched.services.scheduler.policies import make_policy
+    from gpusched.services.scheduler.simulator import simulate as run_simulation
+    from gpusched.services.scheduler.synergy_opt import OptBounded
 
     results = []
     for name in names:
@@ -454,7 +455,7 @@ def _run_bounded(
 
 
 def _measure_ids(spec: str | None) -> range | None:
-    from libs.core.workload import parse_id_range
+    from gpusched.libs.core.workload import parse_id_range
 
     try:
         return None if spec is None else parse_id_range(spec)
@@ -463,7 +464,7 @@ def _measure_ids(spec: str | None) -> range | None:
 
 
 def _slack(spec: str | None) -> tuple[float, float] | None:
-    from libs.core.workload import parse_slack_range
+    from gpusched.libs.core.workload import parse_slack_range
 
     try:
         return None if spec is None else parse_slack_range(spec)
@@ -474,7 +475,7 @@ def _slack(spec: str | None) -> tuple[float, float] | None:
 def _measured(result: SimResult, ids: range) -> SimResult:
     from dataclasses import replace
 
-    from libs.core.workload import in_id_range
+    from gpusched.libs.core.workload import in_id_range
 
     return replace(result, jobs=tuple(j for j in result.jobs if in_id_range(j.job_id, ids)))
 
@@ -491,7 +492,7 @@ def _cluster_spec(cluster: str | None, nodes_file: Path | None) -> str:
 
 def _check_out(out: Path) -> None:
     # before any run: an unusable folder would otherwise be found only after all of them
-    from services.scheduler.report import output_problem
+    from gpusched.services.scheduler.report import output_problem
 
     problem = output_problem(out)
     if problem:
@@ -501,7 +502,7 @@ def _check_out(out: Path) -> None:
 def _parse_mix(mix: str | None) -> dict[str, float] | None:
     if mix is None:
         return None
-    from libs.core.workload import parse_mix
+    from gpusched.libs.core.workload import parse_mix
 
     try:
         return parse_mix(mix)
@@ -514,8 +515,8 @@ def _with_extras(names: list[str], explicit: bool, notes: Console) -> list[str]:
     --policy that lacks one stops the run before the trace loads (`MissingExtraError`
     names the extra); one that only came with the default list of all is left out,
     with a note."""
-    from libs.core.extras import TRAIN, MissingExtraError, require
-    from services.scheduler.policies import make_policy
+    from gpusched.libs.core.extras import TRAIN, MissingExtraError, require
+    from gpusched.services.scheduler.policies import make_policy
 
     kept = []
     for name in names:

@@ -75,10 +75,10 @@ def register(app: typer.Typer) -> None:
         ] = True,
     ) -> None:
         """Start a whole local cluster: nats-server, services and emulated nodes."""
-        from libs.common.logging import configure_logging
-        from services.cli.client import up_file
-        from services.cli.up import LocalCluster, UpConfig
-        from services.scheduler.policies import POLICIES, UnknownPolicyError
+        from gpusched.libs.common.logging import configure_logging
+        from gpusched.services.cli.client import up_file
+        from gpusched.services.cli.up import LocalCluster, UpConfig
+        from gpusched.services.scheduler.policies import POLICIES, UnknownPolicyError
 
         err = Console(stderr=True)
         try:
@@ -144,15 +144,15 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run one service against NATS_URL, configured from the environment (flags win)."""
         if name is ServiceName.admission:
-            from services.admission.__main__ import main as admission
+            from gpusched.services.admission.__main__ import main as admission
 
             admission()
         elif name is ServiceName.scheduler:
-            from services.scheduler.__main__ import main as scheduler
+            from gpusched.services.scheduler.__main__ import main as scheduler
 
             scheduler()
         elif name is ServiceName.predictor:
-            from services.predictor.__main__ import main as predictor
+            from gpusched.services.predictor.__main__ import main as predictor
 
             predictor()
         else:
@@ -163,9 +163,9 @@ def _nodeagent(
     nodes: int, name: str | None, gpus: int | None, gpu_model: str | None,
     jobs: JobsMode | None,
 ) -> None:
-    from libs.common.logging import configure_logging
-    from services.nodeagent.__main__ import serve
-    from services.nodeagent.config import NodeAgentConfig
+    from gpusched.libs.common.logging import configure_logging
+    from gpusched.services.nodeagent.__main__ import serve
+    from gpusched.services.nodeagent.config import NodeAgentConfig
 
     err = Console(stderr=True)
     if nodes < 1:

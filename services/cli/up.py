@@ -12,23 +12,23 @@ from typing import Literal
 
 from nats.js.api import KeyValueConfig, StorageType
 
-from libs.common.bus import Stores, connection
-from libs.common.embedded import NatsCluster, NatsServer
-from libs.common.natsauth import Credentials, nodeagent_user, write_private
-from services.admission.app import API
-from services.admission.config import AdmissionConfig
-from services.admission.quota import QUOTA_BUCKET
-from services.admission.service import AdmissionService
-from services.cli.client import up_file
-from services.nodeagent.cluster import EmulatedCluster
-from services.nodeagent.metrics import NodeCollector
-from services.nodeagent.metrics import metrics as nodeagent_metrics
-from services.predictor.config import PredictorConfig
-from services.predictor.service import PredictorService
-from services.scheduler.config import SchedulerConfig
-from services.scheduler.live import SchedulerService
-from services.scheduler.metrics import MetricsServer, combined
-from services.scheduler.policies.sjf_bsbf import resident_cap_problem
+from gpusched.libs.common.bus import Stores, connection
+from gpusched.libs.common.embedded import NatsCluster, NatsServer
+from gpusched.libs.common.natsauth import Credentials, nodeagent_user, write_private
+from gpusched.services.admission.app import API
+from gpusched.services.admission.config import AdmissionConfig
+from gpusched.services.admission.quota import QUOTA_BUCKET
+from gpusched.services.admission.service import AdmissionService
+from gpusched.services.cli.client import up_file
+from gpusched.services.nodeagent.cluster import EmulatedCluster
+from gpusched.services.nodeagent.metrics import NodeCollector
+from gpusched.services.nodeagent.metrics import metrics as nodeagent_metrics
+from gpusched.services.predictor.config import PredictorConfig
+from gpusched.services.predictor.service import PredictorService
+from gpusched.services.scheduler.config import SchedulerConfig
+from gpusched.services.scheduler.live import SchedulerService
+from gpusched.services.scheduler.metrics import MetricsServer, combined
+from gpusched.services.scheduler.policies.sjf_bsbf import resident_cap_problem
 
 
 @dataclass(frozen=True)

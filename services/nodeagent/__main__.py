@@ -1,6 +1,6 @@
-"""``python -m services.nodeagent [--nodes N]``: run a node agent (or N emulated ones,
+"""``python -m gpusched.services.nodeagent [--nodes N]``: run a node agent (or N emulated ones,
 named ``<name>-0`` .. ``<name>-<N-1>``) until SIGINT or SIGTERM, with its settings from
-the environment (see ``services.nodeagent.config.ENVIRONMENT``). On the signal, running
+the environment (see ``gpusched.services.nodeagent.config.ENVIRONMENT``). On the signal, running
 jobs are preempted so that they checkpoint, their exits are delivered, and the node
 deregisters."""
 
@@ -14,11 +14,11 @@ import sys
 
 from prometheus_client import REGISTRY, start_http_server
 
-from libs.common.logging import configure_logging
-from services.nodeagent.agent import NodeAgent
-from services.nodeagent.cluster import EmulatedCluster
-from services.nodeagent.config import NodeAgentConfig
-from services.nodeagent.metrics import NodeCollector
+from gpusched.libs.common.logging import configure_logging
+from gpusched.services.nodeagent.agent import NodeAgent
+from gpusched.services.nodeagent.cluster import EmulatedCluster
+from gpusched.services.nodeagent.config import NodeAgentConfig
+from gpusched.services.nodeagent.metrics import NodeCollector
 
 
 async def serve(config: NodeAgentConfig, nodes: int = 1) -> None:
@@ -44,7 +44,9 @@ async def serve(config: NodeAgentConfig, nodes: int = 1) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m services.nodeagent", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m gpusched.services.nodeagent", description=__doc__
+    )
     parser.add_argument(
         "--nodes", type=int, default=1,
         help="emulate this many nodes in one process (default 1: this node)",

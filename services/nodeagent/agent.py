@@ -28,11 +28,11 @@ import structlog
 from nats.aio.client import Client
 from nats.micro.service import Service
 
-from libs.common import codec, subjects
-from libs.common.actor import Actor
-from libs.common.bus import Stores, connection
-from libs.common.embedded import free_port
-from libs.common.schemas import (
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.actor import Actor
+from gpusched.libs.common.bus import Stores, connection
+from gpusched.libs.common.embedded import free_port
+from gpusched.libs.common.schemas import (
     Command,
     CommandReply,
     ComputeProfile,
@@ -47,25 +47,25 @@ from libs.common.schemas import (
     StopReason,
     Telemetry,
 )
-from libs.core.groundtruth import ProfilePerformanceModel, load_performance_model
-from services.nodeagent.checks import run_kind, start_problem
-from services.nodeagent.command_service import (
+from gpusched.libs.core.groundtruth import ProfilePerformanceModel, load_performance_model
+from gpusched.services.nodeagent.checks import run_kind, start_problem
+from gpusched.services.nodeagent.command_service import (
     serve_commands,
     serve_compute_profiles,
     serve_profiles,
 )
-from services.nodeagent.compute_profiling import measure_compute_profile
-from services.nodeagent.config import NodeAgentConfig
-from services.nodeagent.cores import machine_cores, pick_cores, real_cores
-from services.nodeagent.cpu_profiling import ProfileSettings, measure_cpu_profile
-from services.nodeagent.exits import PUBLISH_TIMEOUT_S, ExitOutbox, job_exit
-from services.nodeagent.gpus import GpuInventory, discover, read_nvml
-from services.nodeagent.job_contract import process_plan
-from services.nodeagent.metrics import JobReading, NodeView, metrics
-from services.nodeagent.reporting import Reporter
-from services.nodeagent.residents import Run, RunKind, co_runners, cores_taken
-from services.nodeagent.resize import answer_without_resizing, resize_problem, resized
-from services.nodeagent.runs import (
+from gpusched.services.nodeagent.compute_profiling import measure_compute_profile
+from gpusched.services.nodeagent.config import NodeAgentConfig
+from gpusched.services.nodeagent.cores import machine_cores, pick_cores, real_cores
+from gpusched.services.nodeagent.cpu_profiling import ProfileSettings, measure_cpu_profile
+from gpusched.services.nodeagent.exits import PUBLISH_TIMEOUT_S, ExitOutbox, job_exit
+from gpusched.services.nodeagent.gpus import GpuInventory, discover, read_nvml
+from gpusched.services.nodeagent.job_contract import process_plan
+from gpusched.services.nodeagent.metrics import JobReading, NodeView, metrics
+from gpusched.services.nodeagent.reporting import Reporter
+from gpusched.services.nodeagent.residents import Run, RunKind, co_runners, cores_taken
+from gpusched.services.nodeagent.resize import answer_without_resizing, resize_problem, resized
+from gpusched.services.nodeagent.runs import (
     STDERR_DRAIN_S,
     ProcessProgress,
     ProcessRun,
@@ -75,7 +75,7 @@ from services.nodeagent.runs import (
     RunEnded,
     StopRun,
 )
-from services.nodeagent.simulation import SimulatedClocks, SimulatedFinish
+from gpusched.services.nodeagent.simulation import SimulatedClocks, SimulatedFinish
 
 #: (job, run) pairs remembered after they end, so that a retried start does not rerun them
 REMEMBERED_RUNS = 4096

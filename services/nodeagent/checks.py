@@ -1,6 +1,6 @@
 """Whether a start can run on this node, and as what kind of run.
 
-The command types hold every constraint one field can carry (``libs.common.schemas``):
+The command types hold every constraint one field can carry (``gpusched.libs.common.schemas``):
 a command that breaks one is not decoded. What is left here depends on the node (the
 GPUs it has, the models its ground truth knows, its jobs mode) or on several fields at
 once (distinct GPUs, ranks that fit the job's world size).
@@ -11,9 +11,9 @@ names what to change.
 
 from __future__ import annotations
 
-from libs.common.schemas import StartJob
-from services.nodeagent.gpus import GpuInventory
-from services.nodeagent.residents import RunKind
+from gpusched.libs.common.schemas import StartJob
+from gpusched.services.nodeagent.gpus import GpuInventory
+from gpusched.services.nodeagent.residents import RunKind
 
 
 def start_problem(start: StartJob, inventory: GpuInventory, node: str) -> str:

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 
 from nats.aio.client import Client
 
-from libs.common.bus import Stores, connection
-from libs.core.groundtruth import ProfilePerformanceModel, load_performance_model
-from services.nodeagent.agent import NodeAgent
-from services.nodeagent.config import NodeAgentConfig
-from services.nodeagent.gpus import DEFAULT_EMULATED_GPUS
+from gpusched.libs.common.bus import Stores, connection
+from gpusched.libs.core.groundtruth import ProfilePerformanceModel, load_performance_model
+from gpusched.services.nodeagent.agent import NodeAgent
+from gpusched.services.nodeagent.config import NodeAgentConfig
+from gpusched.services.nodeagent.gpus import DEFAULT_EMULATED_GPUS
 
 
 class EmulatedCluster:

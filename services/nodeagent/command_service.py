@@ -7,7 +7,7 @@ sends to and the NATS permissions name. ``nats micro ls`` lists the agents, and
 id) answer as for the predictor.
 
 Unlike the predictor's endpoints, this one answers every request with a
-:class:`~libs.common.schemas.CommandReply`, refusals and undecodable commands included
+:class:`~gpusched.libs.common.schemas.CommandReply`, refusals and undecodable commands included
 (``ok=False`` and the reason), never with ``Nats-Service-Error`` headers and an empty
 body: the scheduler decodes the reply's body.
 """
@@ -23,8 +23,8 @@ from nats import micro
 from nats.aio.client import Client
 from nats.micro.service import Service
 
-from libs.common import codec, natsauth, subjects
-from libs.common.schemas import (
+from gpusched.libs.common import codec, natsauth, subjects
+from gpusched.libs.common.schemas import (
     SCHEMA_VERSION,
     Command,
     CommandReply,
@@ -99,8 +99,8 @@ async def serve_profiles(
     service: Service, node: str, measure: Callable[[str], Awaitable[CpuProfile]]
 ) -> None:
     """Add the ``profile`` endpoint on ``gpusched.node.<node>.profile``: a
-    :class:`~libs.common.schemas.CpuProfileRequest` in, the
-    :class:`~libs.common.schemas.CpuProfile` that ``measure`` takes of its model out.
+    :class:`~gpusched.libs.common.schemas.CpuProfileRequest` in, the
+    :class:`~gpusched.libs.common.schemas.CpuProfile` that ``measure`` takes of its model out.
     Errors use the ``Nats-Service-Error`` headers: 400 for an undecodable request, 500
     when measuring failed (the description says why)."""
 
@@ -117,8 +117,8 @@ async def serve_compute_profiles(
     measure: Callable[[ComputeProfileRequest], Awaitable[ComputeProfile]],
 ) -> None:  # fmt: skip
     """Add the ``compute_profile`` endpoint on ``gpusched.node.<node>.compute_profile``:
-    a :class:`~libs.common.schemas.ComputeProfileRequest` in, the
-    :class:`~libs.common.schemas.ComputeProfile` ``measure`` takes out (GENIE's
+    a :class:`~gpusched.libs.common.schemas.ComputeProfileRequest` in, the
+    :class:`~gpusched.libs.common.schemas.ComputeProfile` ``measure`` takes out (GENIE's
     profiling run); errors as for ``profile``."""
     await _serve_measurement(
         service, node, COMPUTE_PROFILE_ENDPOINT, subjects.node_compute_profile(node),

@@ -1,10 +1,10 @@
 """GENIE's profiling run on a node: a model's compute time per iteration and size, and
 the node's links, measured with the real worker.
 
-One fresh process (``python -m services.nodeagent.compute_profiling``) trains the
-worker's :class:`~services.nodeagent.worker.training.Trainer` for the model on one GPU
+One fresh process (``python -m gpusched.services.nodeagent.compute_profiling``) trains the
+worker's :class:`~gpusched.services.nodeagent.worker.training.Trainer` for the model on one GPU
 (on a node with emulated GPUs, the CPU) with the worker's own ``--profile`` measurement
-(:func:`services.nodeagent.worker.profiling.profile_batch`: a fresh model, a few warm-up
+(:func:`gpusched.services.nodeagent.worker.profiling.profile_batch`: a fresh model, a few warm-up
 iterations, then ``iterations`` timed, 20 by default, their median counting: a busy
 machine's pauses would land in a mean) at the requested batch and at its half, so the
 compute time of any per-GPU batch follows from a line through the two
@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from libs.common.schemas import (
+from gpusched.libs.common.schemas import (
     ComputePoint,
     ComputeProfile,
     ComputeProfileRequest,
@@ -91,7 +91,7 @@ async def measure_compute_profile(
 ) -> ComputeProfile:
     """Measure ``request.model`` at ``batch_size`` on ``node`` (on its first GPU, or the
     CPU when its GPUs are emulated), and its links over ``address`` when asked."""
-    from services.nodeagent.worker.catalog import UnknownModelNameError, zoo_model_for
+    from gpusched.services.nodeagent.worker.catalog import UnknownModelNameError, zoo_model_for
 
     settings = settings or ComputeSettings()
     try:
@@ -110,7 +110,7 @@ async def measure_compute_profile(
     if request.links:
         arguments += ["--links", "--address", address, "--repeats", str(settings.link_repeats)]
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.nodeagent.compute_profiling", *arguments,
+        sys.executable, "-m", "gpusched.services.nodeagent.compute_profiling", *arguments,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
     )  # fmt: skip
@@ -148,9 +148,9 @@ async def measure_compute_profile(
 def _compute(
     model: str, batches: list[int], iterations: int, warmup: int, device: str
 ) -> tuple[list[list[float]], int]:
-    from services.nodeagent.worker.catalog import ModelSpec
-    from services.nodeagent.worker.profiling import profile_batch
-    from services.nodeagent.worker.training import TrainingOptions
+    from gpusched.services.nodeagent.worker.catalog import ModelSpec
+    from gpusched.services.nodeagent.worker.profiling import profile_batch
+    from gpusched.services.nodeagent.worker.training import TrainingOptions
 
     spec = ModelSpec.for_model(model)
     points: list[list[float]] = []
@@ -204,7 +204,7 @@ def _links(address: str, sizes: Sequence[int], repeats: int) -> list[list[float]
         address, 0, 2, True, timeout=datetime.timedelta(seconds=120), wait_for_workers=False
     )
     peer = subprocess.Popen(
-        [sys.executable, "-m", "services.nodeagent.compute_profiling", "--peer",
+        [sys.executable, "-m", "gpusched.services.nodeagent.compute_profiling", "--peer",
          "--address", address, "--port", str(store.port), "--repeats", str(repeats),
          "--sizes", ",".join(map(str, sizes))],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -226,7 +226,7 @@ def _ints(text: str) -> list[int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m services.nodeagent.compute_profiling",
+        prog="python -m gpusched.services.nodeagent.compute_profiling",
         description="Measure a model's compute seconds per iteration on one device at "
         "given batches and its parameter bytes, and optionally all-reduces between two "
         "local ranks; prints one JSON line.",

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from libs.common import settings
-from libs.common.settings import DEFAULT_NATS_URL, Setting, load
+from gpusched.libs.common import settings
+from gpusched.libs.common.settings import DEFAULT_NATS_URL, Setting, load
 
 NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
 JOBS_MODES = ("simulated", "process")

@@ -1,8 +1,8 @@
 """Synergy's optimistic profiling on a node: how a model's training speed depends on CPU
 cores and host memory, measured with the real worker.
 
-One fresh process (``python -m services.nodeagent.cpu_profiling``) builds the worker's
-:class:`~services.nodeagent.worker.training.Trainer` for the model on the CPU, with the
+One fresh process (``python -m gpusched.services.nodeagent.cpu_profiling``) builds the worker's
+:class:`~gpusched.services.nodeagent.worker.training.Trainer` for the model on the CPU, with the
 input pipeline the model really has (its decode and augmentation passes per sample, see
 ``cpu_cost_for``), and trains it at CPU counts halving from all the node's cores (all,
 all/2, ..., 1). For each count it pins all its threads to the machine's cores behind
@@ -17,7 +17,7 @@ training iterations twice:
 
 Each point is the best of ``rounds`` passes over the counts (a busy machine only slows
 a run down, so the fastest pass is the closest to the work itself). The result is a
-:class:`~libs.common.schemas.CpuProfile`: seconds per sample at each count, cached and
+:class:`~gpusched.libs.common.schemas.CpuProfile`: seconds per sample at each count, cached and
 not, plus what the worker holds besides its cache and what caching the whole data set
 of the default size takes; services/predictor/cpu_profiles.py turns it into Synergy's
 best-case vector and speed-ups (the memory axis follows from the cache model there).
@@ -38,8 +38,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from libs.common.schemas import CpuProfile, CpuProfilePoint, NodeInfo
-from services.nodeagent.cores import real_cores
+from gpusched.libs.common.schemas import CpuProfile, CpuProfilePoint, NodeInfo
+from gpusched.services.nodeagent.cores import real_cores
 
 GIB = 2**30
 
@@ -83,8 +83,8 @@ async def measure_cpu_profile(
     settings: ProfileSettings | None = None,
 ) -> CpuProfile:
     """Measure ``model`` on ``node`` (whose cores map onto the machine's ``machine``)."""
-    from libs.core.extras import TRAIN, MissingExtraError, require
-    from services.nodeagent.worker.catalog import UnknownModelNameError, zoo_model_for
+    from gpusched.libs.core.extras import TRAIN, MissingExtraError, require
+    from gpusched.services.nodeagent.worker.catalog import UnknownModelNameError, zoo_model_for
 
     settings = settings or ProfileSettings()
     try:
@@ -104,7 +104,7 @@ async def measure_cpu_profile(
     # torch's threads share their cores with the pipeline's workers: none may spin
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.nodeagent.cpu_profiling", *arguments,
+        sys.executable, "-m", "gpusched.services.nodeagent.cpu_profiling", *arguments,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, env=env,
     )  # fmt: skip
@@ -141,16 +141,16 @@ def _measure(
     model: str, points: list[tuple[int, tuple[int, ...]]], batch_size: int, dataset_size: int,
     iterations: int, rounds: int,
 ) -> dict[str, object]:  # fmt: skip
-    from libs.sdk import resident_set_mb
-    from services.nodeagent.cores import pin
-    from services.nodeagent.worker.catalog import ModelSpec, cpu_cost_for
-    from services.nodeagent.worker.pipeline import (
+    from gpusched.libs.sdk import resident_set_mb
+    from gpusched.services.nodeagent.cores import pin
+    from gpusched.services.nodeagent.worker.catalog import ModelSpec, cpu_cost_for
+    from gpusched.services.nodeagent.worker.pipeline import (
         DEFAULT_DATASET_SIZE,
         ENTRY_OVERHEAD_BYTES,
         RECORD_BYTES,
         DecodedCache,
     )
-    from services.nodeagent.worker.training import Resources, Trainer, TrainingOptions
+    from gpusched.services.nodeagent.worker.training import Resources, Trainer, TrainingOptions
 
     options = TrainingOptions(dataset_size=dataset_size, cpu_cost=cpu_cost_for(model))
     trainer = Trainer(
@@ -205,7 +205,7 @@ def _point(text: str) -> tuple[int, tuple[int, ...]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m services.nodeagent.cpu_profiling",
+        prog="python -m gpusched.services.nodeagent.cpu_profiling",
         description="Measure a model's seconds per sample with the real worker at CPU "
         "counts pinned to given cores, cached and not; prints one JSON line.",
     )

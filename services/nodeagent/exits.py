@@ -13,11 +13,11 @@ import contextlib
 import time
 from typing import Any
 
-from libs.common import codec, subjects
-from libs.common.bus import Stores
-from libs.common.schemas import JobExit, RunRef
-from services.nodeagent.metrics import Metrics
-from services.nodeagent.runs import RunEnd
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.schemas import JobExit, RunRef
+from gpusched.services.nodeagent.metrics import Metrics
+from gpusched.services.nodeagent.runs import RunEnd
 
 #: one attempt to store a JobExit or the registration
 PUBLISH_TIMEOUT_S = 2.0

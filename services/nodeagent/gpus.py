@@ -16,8 +16,8 @@ from typing import Any
 
 import structlog
 
-from libs.common.schemas import GpuInfo, GpuTelemetry
-from libs.core.extras import NVIDIA, missing_message
+from gpusched.libs.common.schemas import GpuInfo, GpuTelemetry
+from gpusched.libs.core.extras import NVIDIA, missing_message
 
 log = structlog.get_logger("gpusched.nodeagent.gpus")
 

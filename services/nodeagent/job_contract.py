@@ -1,6 +1,6 @@
 """What a process run is given: its command, its files and the environment contract.
 
-The variables are named in ``libs.sdk.context`` (what the worker and users' code read);
+The variables are named in ``gpusched.libs.sdk.context`` (what the worker and users' code read);
 on top of them the process inherits only the allow-list of ``runs.run_environment``.
 """
 
@@ -10,12 +10,12 @@ import sys
 from typing import Any
 from urllib.parse import urlsplit
 
-from libs.common.embedded import free_port
-from libs.common.schemas import JobSpec, StartJob
-from libs.sdk import context as job_env
-from services.nodeagent.config import NodeAgentConfig
-from services.nodeagent.gpus import GpuInventory
-from services.nodeagent.runs import ProcessPlan, run_environment
+from gpusched.libs.common.embedded import free_port
+from gpusched.libs.common.schemas import JobSpec, StartJob
+from gpusched.libs.sdk import context as job_env
+from gpusched.services.nodeagent.config import NodeAgentConfig
+from gpusched.services.nodeagent.gpus import GpuInventory
+from gpusched.services.nodeagent.runs import ProcessPlan, run_environment
 
 
 def process_plan(
@@ -75,10 +75,10 @@ def process_plan(
         by_index = {g.index: g.uuid for g in inventory.gpus}
         contract["CUDA_VISIBLE_DEVICES"] = ",".join(by_index[i] for i in start.gpus)
     if not spec.command:
-        argv: tuple[str, ...] = (sys.executable, "-m", "services.nodeagent.worker")
+        argv: tuple[str, ...] = (sys.executable, "-m", "gpusched.services.nodeagent.worker")
     elif len(start.gpus) > 1:
         # one process per GPU, as the built-in worker runs one rank per GPU
-        argv = (sys.executable, "-m", "services.nodeagent.worker.launch", *spec.command)
+        argv = (sys.executable, "-m", "gpusched.services.nodeagent.worker.launch", *spec.command)
     else:
         argv = tuple(spec.command)
     return ProcessPlan(

@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from libs.common.schemas import GpuInfo, GpuTelemetry
+from gpusched.libs.common.schemas import GpuInfo, GpuTelemetry
 
 
 class Metrics:

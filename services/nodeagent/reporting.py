@@ -15,8 +15,8 @@ from typing import Any
 
 from nats.aio.client import Client
 
-from libs.common import codec, subjects
-from libs.common.schemas import (
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.schemas import (
     Heartbeat,
     JobProgressEvent,
     Progress,
@@ -24,10 +24,10 @@ from libs.common.schemas import (
     RunRef,
     Telemetry,
 )
-from libs.core.groundtruth import ProfilePerformanceModel
-from services.nodeagent.gpus import GpuInventory, emulated_telemetry, read_nvml
-from services.nodeagent.metrics import Metrics
-from services.nodeagent.residents import Run, co_runners
+from gpusched.libs.core.groundtruth import ProfilePerformanceModel
+from gpusched.services.nodeagent.gpus import GpuInventory, emulated_telemetry, read_nvml
+from gpusched.services.nodeagent.metrics import Metrics
+from gpusched.services.nodeagent.residents import Run, co_runners
 
 
 class Reporter:

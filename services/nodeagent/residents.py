@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from libs.common.schemas import Progress, StartJob, StopReason
-from services.nodeagent.runs import ProcessRun, SimulatedProgress
+from gpusched.libs.common.schemas import Progress, StartJob, StopReason
+from gpusched.services.nodeagent.runs import ProcessRun, SimulatedProgress
 
 RunKind = Literal["simulated", "process", "held"]
 

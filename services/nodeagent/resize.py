@@ -10,8 +10,8 @@ from collections.abc import Container
 
 import msgspec
 
-from libs.common.schemas import CommandReply, ResizeJob, StartJob, split_problem
-from services.nodeagent.residents import Run
+from gpusched.libs.common.schemas import CommandReply, ResizeJob, StartJob, split_problem
+from gpusched.services.nodeagent.residents import Run
 
 
 def answer_without_resizing(

@@ -21,9 +21,9 @@ from typing import IO, Any, Literal
 
 import msgspec
 
-from libs.common.actor import Actor
-from libs.common.schemas import Progress, StopReason
-from services.nodeagent.cores import pin, pin_group
+from gpusched.libs.common.actor import Actor
+from gpusched.libs.common.schemas import Progress, StopReason
+from gpusched.services.nodeagent.cores import pin, pin_group
 
 Outcome = Literal["succeeded", "failed", "stopped"]
 

@@ -12,10 +12,10 @@ import asyncio
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from libs.core.groundtruth import ProfilePerformanceModel
-from libs.core.shape import JobShape
-from services.nodeagent.residents import Run, sharing
-from services.nodeagent.runs import SimulatedProgress
+from gpusched.libs.core.groundtruth import ProfilePerformanceModel
+from gpusched.libs.core.shape import JobShape
+from gpusched.services.nodeagent.residents import Run, sharing
+from gpusched.services.nodeagent.runs import SimulatedProgress
 
 
 @dataclass(frozen=True, slots=True)

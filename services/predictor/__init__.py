@@ -1,15 +1,15 @@
 """The predictor service: iterations, throughput and co-location slowdown of training
 jobs, from the profiles corrected by what running jobs measured."""
 
-from services.predictor.client import (
+from gpusched.services.predictor.client import (
     PredictorClient,
     PredictorClientError,
     PredictorError,
     PredictorUnavailable,
 )
-from services.predictor.config import PredictorConfig
-from services.predictor.model import BaselinePredictor, InvalidRequest
-from services.predictor.service import PredictorService
+from gpusched.services.predictor.config import PredictorConfig
+from gpusched.services.predictor.model import BaselinePredictor, InvalidRequest
+from gpusched.services.predictor.service import PredictorService
 
 __all__ = [
     "BaselinePredictor",

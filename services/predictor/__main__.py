@@ -1,4 +1,4 @@
-"""``python -m services.predictor``: run the predictor until SIGINT or SIGTERM, with
+"""``python -m gpusched.services.predictor``: run the predictor until SIGINT or SIGTERM, with
 its settings from the environment (see :meth:`PredictorConfig.from_env`)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import asyncio
 import signal
 import sys
 
-from libs.common.logging import configure_logging
-from services.predictor.config import PredictorConfig
-from services.predictor.service import run
+from gpusched.libs.common.logging import configure_logging
+from gpusched.services.predictor.config import PredictorConfig
+from gpusched.services.predictor.service import run
 
 
 async def _main(config: PredictorConfig) -> None:

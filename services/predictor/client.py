@@ -17,8 +17,8 @@ import nats.errors
 from nats.aio.client import Client
 from nats.micro.request import ERROR_CODE_HEADER, ERROR_HEADER
 
-from libs.common import codec, subjects
-from libs.common.schemas import (
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.schemas import (
     ComputeProfile,
     ComputeProfileRequest,
     CpuProfile,

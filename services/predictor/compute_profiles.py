@@ -1,5 +1,5 @@
 """GENIE's estimates: a model's iteration time at any placement from its measured
-compute profile (:class:`~libs.common.schemas.ComputeProfile`, see
+compute profile (:class:`~gpusched.libs.common.schemas.ComputeProfile`, see
 services/nodeagent/compute_profiling.py) and the platform model (libs/core/platform.py).
 
 - **Compute** at a per-GPU batch ``b``: the line through the measured points (the
@@ -35,20 +35,20 @@ from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from nats.micro.request import ERROR_HEADER, ServiceError
 
-from libs.common import codec, subjects
-from libs.common.bus import Stores
-from libs.common.schemas import (
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.schemas import (
     ComputeProfile,
     ComputeProfileRequest,
     JobRecord,
     JobStateEvent,
     LinkProfile,
 )
-from libs.core.perf import CpuMemDemand, PerformanceModel
-from libs.core.platform import PlatformModel, fit_link
-from libs.core.profiles.builtin import Network, load_builtin
-from libs.core.shape import JobShape
-from services.predictor.model import BaselinePredictor
+from gpusched.libs.core.perf import CpuMemDemand, PerformanceModel
+from gpusched.libs.core.platform import PlatformModel, fit_link
+from gpusched.libs.core.profiles.builtin import Network, load_builtin
+from gpusched.libs.core.shape import JobShape
+from gpusched.services.predictor.model import BaselinePredictor
 
 #: in the predictor's bucket: the stored compute profiles and link measurement
 STORED_KEY = "compute_profiles"

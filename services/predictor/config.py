@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from libs.common import settings
-from libs.common.settings import DEFAULT_NATS_URL, Setting, load
-from services.predictor.model import DEFAULT_HISTORY_WEIGHT
+from gpusched.libs.common import settings
+from gpusched.libs.common.settings import DEFAULT_NATS_URL, Setting, load
+from gpusched.services.predictor.model import DEFAULT_HISTORY_WEIGHT
 
 NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
 
@@ -18,7 +18,7 @@ NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
 @dataclass(frozen=True)
 class PredictorConfig:
     nats_url: str = DEFAULT_NATS_URL
-    #: research profiles overriding the built-in ones (see libs.core.groundtruth)
+    #: research profiles overriding the built-in ones (see gpusched.libs.core.groundtruth)
     data_dir: Path | None = None
     #: weight of each new measurement in the moving averages, in (0, 1]
     history_weight: float = DEFAULT_HISTORY_WEIGHT

@@ -1,5 +1,6 @@
 """Synergy's optimistic profile of a model, from what a node measured with the real
-worker (a :class:`~libs.common.schemas.CpuProfile`, see services/nodeagent/cpu_profiling.py).
+worker (a :class:`~gpusched.libs.common.schemas.CpuProfile`, see
+services/nodeagent/cpu_profiling.py).
 
 The measurement gives, per CPU count ``c`` (all the node's cores halved down to one),
 seconds per training sample with the data set's decoded samples cached (``hit(c)``) and
@@ -31,8 +32,8 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from libs.common.schemas import CpuProfile, CpuProfilePoint
-from libs.core.perf import CpuMemDemand
+from gpusched.libs.common.schemas import CpuProfile, CpuProfilePoint
+from gpusched.libs.core.perf import CpuMemDemand
 
 #: a CPU count within this fraction of the best measured throughput counts as the peak
 BEST_TOLERANCE = 0.05

@@ -16,7 +16,8 @@ What it learns, and from what:
   profile's slowdown corrects the profile's answer, which never drops below 1.
 - **Iterations** of a model: the mean ``total_iterations`` of its completed jobs.
 - **CPU/memory sensitivity** of a model: the last profile a node measured with the real
-  worker (:class:`~libs.common.schemas.CpuProfile`, see services/predictor/cpu_profiles.py);
+  worker (:class:`~gpusched.libs.common.schemas.CpuProfile`, see
+  services/predictor/cpu_profiles.py);
   where there is one, a request's CPUs and memory per GPU take their speed-up from it
   instead of from the built-in profile.
 
@@ -37,11 +38,11 @@ from typing import TypeVar
 
 import msgspec
 
-from libs.common.schemas import CpuProfile, JobProgressEvent, Prediction, PredictRequest
-from libs.core.perf import PerformanceModel, UnknownModelError
-from libs.core.profiles.synergy import SYNERGY_FAIR_CPUS, SYNERGY_FAIR_MEM_GB
-from libs.core.shape import JobShape
-from services.predictor.cpu_profiles import Sensitivity
+from gpusched.libs.common.schemas import CpuProfile, JobProgressEvent, Prediction, PredictRequest
+from gpusched.libs.core.perf import PerformanceModel, UnknownModelError
+from gpusched.libs.core.profiles.synergy import SYNERGY_FAIR_CPUS, SYNERGY_FAIR_MEM_GB
+from gpusched.libs.core.shape import JobShape
+from gpusched.services.predictor.cpu_profiles import Sensitivity
 
 __all__ = [
     "DEFAULT_HISTORY_WEIGHT",

@@ -1,5 +1,5 @@
 """ONES's progress predictor in the predictor service: the epoch history of every
-running job, a :class:`~libs.core.progress.ProgressPredictor` taught the histories of
+running job, a :class:`~gpusched.libs.core.progress.ProgressPredictor` taught the histories of
 the jobs that finished, and the remaining iterations of a running job blended as the
 simulator blends them (``blended_remaining_iterations``).
 
@@ -7,7 +7,7 @@ No I/O here: the service feeds :class:`ProgressLearner` progress and state event
 trains a snapshot of its predictor off the event loop when a retraining is due, and
 stores :meth:`ProgressLearner.stored` in KV.
 
-A job's history gets one :class:`~libs.core.progress.EpochRecord` per progress event that
+A job's history gets one :class:`~gpusched.libs.core.progress.EpochRecord` per progress event that
 reports a new whole epoch (the built-in worker's ``epoch``, epochs done): the epochs
 done (whole), the held-out accuracy as its metric and the training loss, each with the
 job's first recorded value; the epoch's samples are the job's data set size
@@ -26,8 +26,8 @@ from dataclasses import dataclass, replace
 
 import msgspec
 
-from libs.common.schemas import Prediction, Progress, RemainingRequest
-from libs.core.progress import EpochRecord, ProgressPredictor, blended_remaining_iterations
+from gpusched.libs.common.schemas import Prediction, Progress, RemainingRequest
+from gpusched.libs.core.progress import EpochRecord, ProgressPredictor, blended_remaining_iterations
 
 #: the built-in worker's data set when a job gives no ``dataset_size``
 #: (services/nodeagent/worker/pipeline.py ``DEFAULT_DATASET_SIZE``)

@@ -2,8 +2,8 @@
 
 Endpoints (group ``gpusched.predictor``, queue group ``q`` so instances share the load):
 ``iterations``, ``throughput`` and ``slowdown``, each taking a
-:class:`~libs.common.schemas.PredictRequest` and answering a
-:class:`~libs.common.schemas.Prediction`. A request is MessagePack, or JSON when its
+:class:`~gpusched.libs.common.schemas.PredictRequest` and answering a
+:class:`~gpusched.libs.common.schemas.Prediction`. A request is MessagePack, or JSON when its
 payload starts with ``{`` (so ``nats req gpusched.predictor.throughput '{...}'`` works);
 the reply uses the request's encoding. Errors carry the ``Nats-Service-Error`` and
 ``Nats-Service-Error-Code`` headers: 400 for a bad request (the description names the
@@ -18,10 +18,10 @@ template (tenant and job name stem) it has learned gets the forest's figure (sou
 where the request gives one). Every submission (``gpusched.job.<id>.submitted``) is
 predicted so from the job's record and remembered; a SUCCEEDED job's record trains the
 forest (in a thread) and scores that prediction. ``size_error`` answers the error
-figures as a :class:`~libs.common.schemas.SizeErrorReport` (any payload; JSON when it
+figures as a :class:`~gpusched.libs.common.schemas.SizeErrorReport` (any payload; JSON when it
 starts with ``{``); the forest's rows and scores are kept under key ``size_rows``.
 
-``remaining`` takes a :class:`~libs.common.schemas.RemainingRequest` for a running job and
+``remaining`` takes a :class:`~gpusched.libs.common.schemas.RemainingRequest` for a running job and
 answers its remaining iterations (a ``Prediction`` of kind ``remaining``): the request's
 plain estimate pulled towards ONES's progress predictor, trained on the epoch histories
 of the jobs that finished, as far as it is trusted (services/predictor/progress.py;
@@ -29,14 +29,14 @@ source ``progress``), else the plain estimate (source ``planned``). The historie
 kept in the same bucket (key ``progress_histories``); a restarted predictor retrains on
 them before it answers.
 
-``cpu_profile`` takes a :class:`~libs.common.schemas.CpuProfileRequest` and answers the
-model's measured :class:`~libs.common.schemas.CpuProfile` (404 when there is none): a
+``cpu_profile`` takes a :class:`~gpusched.libs.common.schemas.CpuProfileRequest` and answers the
+model's measured :class:`~gpusched.libs.common.schemas.CpuProfile` (404 when there is none): a
 request naming a node has that node's agent measure it first when none is stored or
 ``refresh`` is set, and with ``profile_cpu`` configured the predictor asks the node
 where a job of a model without one first runs. Every profile stored is published on
 ``gpusched.model.<model>.cpu_profile`` (the scheduler's estimates follow it) and kept
 with the rest of what was learned. ``compute_profile`` does the same for GENIE's
-compute profiles (:class:`~libs.common.schemas.ComputeProfileRequest`,
+compute profiles (:class:`~gpusched.libs.common.schemas.ComputeProfileRequest`,
 services/predictor/compute_profiles.py; ``profile_compute`` configured: measured where a
 job of an unprofiled model first runs; published on
 ``gpusched.model.<model>.compute_profile``). What it learned is
@@ -74,9 +74,9 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import generate_latest
 
-from libs.common import codec, natsauth, subjects
-from libs.common.bus import Stores, connect, settle
-from libs.common.schemas import (
+from gpusched.libs.common import codec, natsauth, subjects
+from gpusched.libs.common.bus import Stores, connect, settle
+from gpusched.libs.common.schemas import (
     SCHEMA_VERSION,
     ComputeProfileRequest,
     CpuProfile,
@@ -91,13 +91,17 @@ from libs.common.schemas import (
     RemainingRequest,
     SizeErrorReport,
 )
-from libs.core.groundtruth import load_performance_model
-from libs.core.perf import UnknownModelError
-from services.predictor.compute_profiles import ComputeProfiler
-from services.predictor.config import PredictorConfig
-from services.predictor.model import BaselinePredictor, Learned
-from services.predictor.progress import DEFAULT_EPOCH_SAMPLES, ProgressLearner, StoredHistories
-from services.predictor.sizes import (
+from gpusched.libs.core.groundtruth import load_performance_model
+from gpusched.libs.core.perf import UnknownModelError
+from gpusched.services.predictor.compute_profiles import ComputeProfiler
+from gpusched.services.predictor.config import PredictorConfig
+from gpusched.services.predictor.model import BaselinePredictor, Learned
+from gpusched.services.predictor.progress import (
+    DEFAULT_EPOCH_SAMPLES,
+    ProgressLearner,
+    StoredHistories,
+)
+from gpusched.services.predictor.sizes import (
     SOURCE_FOREST,
     SizeLearner,
     StoredSizes,

@@ -1,6 +1,6 @@
 """The size forest in the predictor service: recurring jobs' iterations, learned live.
 
-Our design around `libs.core.size_predictor` (the simulator's ``--predictor rf``):
+Our design around `gpusched.libs.core.size_predictor` (the simulator's ``--predictor rf``):
 
 - **Asking**: ``gpusched.predictor.iterations`` reads a request's submission fields
   (``tenant``, ``name``, ``dataset``, declared ``iterations``, degrees; see
@@ -33,9 +33,9 @@ from typing import Any
 
 import msgspec
 
-from libs.common.schemas import JobRecord, PredictRequest, SizeErrorReport
-from libs.core.jobs import JobSpec
-from libs.core.size_predictor import (
+from gpusched.libs.common.schemas import JobRecord, PredictRequest, SizeErrorReport
+from gpusched.libs.core.jobs import JobSpec
+from gpusched.libs.core.size_predictor import (
     STORED_VERSION,
     ForestConfig,
     SizeErrors,

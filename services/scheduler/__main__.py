@@ -1,4 +1,4 @@
-"""``python -m services.scheduler``: one scheduler instance (leader or hot standby),
+"""``python -m gpusched.services.scheduler``: one scheduler instance (leader or hot standby),
 configured from the environment (see ``SchedulerConfig.from_env``), until SIGINT or
 SIGTERM; a leader releases its lease on the way out so a standby takes over at once.
 With ``GPUSCHED_SCHEDULER_METRICS_PORT`` set it serves its Prometheus metrics there."""
@@ -10,10 +10,10 @@ import contextlib
 import signal
 import sys
 
-from libs.common.logging import configure_logging
-from services.scheduler.config import SchedulerConfig
-from services.scheduler.live import SchedulerService
-from services.scheduler.metrics import MetricsServer, endpoint_from_env
+from gpusched.libs.common.logging import configure_logging
+from gpusched.services.scheduler.config import SchedulerConfig
+from gpusched.services.scheduler.live import SchedulerService
+from gpusched.services.scheduler.metrics import MetricsServer, endpoint_from_env
 
 
 async def serve(config: SchedulerConfig, metrics: tuple[str, int] | None = None) -> None:

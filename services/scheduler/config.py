@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from libs.common import settings
-from libs.common.settings import DEFAULT_NATS_URL, Setting, load
-from services.scheduler.policies import POLICIES, UnknownPolicyError
-from services.scheduler.policies.sjf_bsbf import resident_cap_problem
+from gpusched.libs.common import settings
+from gpusched.libs.common.settings import DEFAULT_NATS_URL, Setting, load
+from gpusched.services.scheduler.policies import POLICIES, UnknownPolicyError
+from gpusched.services.scheduler.policies.sjf_bsbf import resident_cap_problem
 
 
 def default_instance() -> str:

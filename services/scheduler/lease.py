@@ -13,8 +13,8 @@ import structlog
 from nats.js.errors import KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from libs.common import codec, subjects
-from libs.common.schemas import Lease
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.schemas import Lease
 
 log = structlog.get_logger("gpusched.lease")
 

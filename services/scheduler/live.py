@@ -30,11 +30,11 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
-from libs.common import codec, subjects
-from libs.common.actor import Actor
-from libs.common.bus import Stores, connection
-from libs.common.retry import backoff, retry
-from libs.common.schemas import (
+from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.actor import Actor
+from gpusched.libs.common.bus import Stores, connection
+from gpusched.libs.common.retry import backoff, retry
+from gpusched.libs.common.schemas import (
     CancelRequest,
     CommandReply,
     ComputeProfile,
@@ -58,20 +58,20 @@ from libs.common.schemas import (
     StopJob,
     split_problem,
 )
-from libs.common.tasks import cancel_and_wait
-from libs.core.decision import Decision, Reallocate, Resize, Start, decision_problems
-from libs.core.groundtruth import load_performance_model
-from libs.core.perf import PerformanceModel, UnknownModelError
-from libs.core.progress import MIN_EPOCHS
-from libs.core.snapshot import Snapshot
-from services.predictor.client import PredictorClient, PredictorClientError
-from services.predictor.compute_profiles import with_compute_profile
-from services.predictor.cpu_profiles import Sensitivity
-from services.scheduler.config import SchedulerConfig
-from services.scheduler.lease import LeaderLease
-from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.policies import make_policy
-from services.scheduler.state import (
+from gpusched.libs.common.tasks import cancel_and_wait
+from gpusched.libs.core.decision import Decision, Reallocate, Resize, Start, decision_problems
+from gpusched.libs.core.groundtruth import load_performance_model
+from gpusched.libs.core.perf import PerformanceModel, UnknownModelError
+from gpusched.libs.core.progress import MIN_EPOCHS
+from gpusched.libs.core.snapshot import Snapshot
+from gpusched.services.predictor.client import PredictorClient, PredictorClientError
+from gpusched.services.predictor.compute_profiles import with_compute_profile
+from gpusched.services.predictor.cpu_profiles import Sensitivity
+from gpusched.services.scheduler.config import SchedulerConfig
+from gpusched.services.scheduler.lease import LeaderLease
+from gpusched.services.scheduler.metrics import SchedulerMetrics
+from gpusched.services.scheduler.policies import make_policy
+from gpusched.services.scheduler.state import (
     Layout,
     LiveJob,
     LiveNode,

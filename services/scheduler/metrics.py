@@ -22,12 +22,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 
-from libs.common import settings
-from libs.common.settings import Setting, load
+from gpusched.libs.common import settings
+from gpusched.libs.common.settings import Setting, load
 
 if TYPE_CHECKING:
-    from libs.core.decision import Decision
-    from services.scheduler.state import LiveJob, LiveNode
+    from gpusched.libs.core.decision import Decision
+    from gpusched.services.scheduler.state import LiveJob, LiveNode
 
 #: the values of the ``reason`` label of ``gpusched_scheduler_pending_jobs``
 PENDING_REASONS = (

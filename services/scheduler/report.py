@@ -22,8 +22,8 @@ from matplotlib.figure import Figure
 from rich import box
 from rich.table import Table
 
-from services.scheduler.report_html import REPORT_FILE, RunInfo, write_report_html
-from services.scheduler.results import JobOutcome, SimResult, TimelinePoint
+from gpusched.services.scheduler.report_html import REPORT_FILE, RunInfo, write_report_html
+from gpusched.services.scheduler.results import JobOutcome, SimResult, TimelinePoint
 
 SUMMARY_FILE = "summary.json"
 JOBS_FILE = "jobs.csv"

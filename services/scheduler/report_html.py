@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import typer
 
-    from libs.core.cluster import Cluster
+    from gpusched.libs.core.cluster import Cluster
 
 REPORT_FILE = "report.html"
 

@@ -85,7 +85,7 @@ class SimResult:
     #: Synergy-OPT's throughput bound over the run, where asked for (see ``OptBounded``)
     opt_bound: Mapping[str, float | int] | None = None
     #: the error of the sizes the policy was given, where they were predicted
-    #: (``SimConfig.predictor``; see ``libs.core.size_predictor.SubmissionSizes``)
+    #: (``SimConfig.predictor``; see ``gpusched.libs.core.size_predictor.SubmissionSizes``)
     prediction: Mapping[str, float | int | str] | None = None
     #: A-SRPT's Lemma-1 factor over the run's jobs, for a policy that works it out
     rho: float | None = None

@@ -15,18 +15,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from libs.core.cluster import Cluster
-from libs.core.groundtruth import SPEED_MODELS, NoisyEstimates, load_performance_model
-from libs.core.jobs import JobSpec
-from libs.core.perf import PerformanceModel
-from libs.core.recurring import recurring_count, recurring_jobs
-from libs.core.size_predictor import PREDICTORS
-from libs.core.traces import LoadedTrace, TraceJob, load_alibaba_nodes, load_trace
-from libs.core.workload import materialize, synthetic
-from services.scheduler.policies import POLICIES, RESIDENT_CAP_POLICIES, make_policy
-from services.scheduler.policies.sjf_bsbf import resident_cap_problem
-from services.scheduler.results import SimResult
-from services.scheduler.simulator import SimConfig, simulate
+from gpusched.libs.core.cluster import Cluster
+from gpusched.libs.core.groundtruth import SPEED_MODELS, NoisyEstimates, load_performance_model
+from gpusched.libs.core.jobs import JobSpec
+from gpusched.libs.core.perf import PerformanceModel
+from gpusched.libs.core.recurring import recurring_count, recurring_jobs
+from gpusched.libs.core.size_predictor import PREDICTORS
+from gpusched.libs.core.traces import LoadedTrace, TraceJob, load_alibaba_nodes, load_trace
+from gpusched.libs.core.workload import materialize, synthetic
+from gpusched.services.scheduler.policies import POLICIES, RESIDENT_CAP_POLICIES, make_policy
+from gpusched.services.scheduler.policies.sjf_bsbf import resident_cap_problem
+from gpusched.services.scheduler.results import SimResult
+from gpusched.services.scheduler.simulator import SimConfig, simulate
 
 #: ``--cluster alibaba`` reads this node list inside the data folder
 ALIBABA_NODES = Path("traces/alibaba-v2023/openb_node_list_gpu_node.csv")

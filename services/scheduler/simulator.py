@@ -17,18 +17,18 @@ from collections import ChainMap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from libs.core.cluster import Cluster, HostUse
-from libs.core.convergence import Convergence, remaining_after_resize
-from libs.core.decision import Decision, Reallocate, Resize, Start, decision_problems
-from libs.core.jobs import JobSpec
-from libs.core.lifecycle import JobState
-from libs.core.parallelism import alone_iteration_time, placed_iteration_time
-from libs.core.perf import ConvergenceSource, PerformanceModel
-from libs.core.progress import EpochRecord, ProgressPredictor, blended_remaining_iterations
-from libs.core.size_predictor import PREDICTORS, SubmissionSizes
-from libs.core.snapshot import JobView, Snapshot
-from services.scheduler.policies.base import Policy, QueueSort, unschedulable_reason
-from services.scheduler.results import (
+from gpusched.libs.core.cluster import Cluster, HostUse
+from gpusched.libs.core.convergence import Convergence, remaining_after_resize
+from gpusched.libs.core.decision import Decision, Reallocate, Resize, Start, decision_problems
+from gpusched.libs.core.jobs import JobSpec
+from gpusched.libs.core.lifecycle import JobState
+from gpusched.libs.core.parallelism import alone_iteration_time, placed_iteration_time
+from gpusched.libs.core.perf import ConvergenceSource, PerformanceModel
+from gpusched.libs.core.progress import EpochRecord, ProgressPredictor, blended_remaining_iterations
+from gpusched.libs.core.size_predictor import PREDICTORS, SubmissionSizes
+from gpusched.libs.core.snapshot import JobView, Snapshot
+from gpusched.services.scheduler.policies.base import Policy, QueueSort, unschedulable_reason
+from gpusched.services.scheduler.results import (
     FINISHED,
     UNFINISHED,
     UNSCHEDULABLE,

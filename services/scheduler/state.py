@@ -12,14 +12,14 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from libs.common.schemas import JobRecord, NodeInfo, Placement
-from libs.core.cluster import Allocation, Cluster, HostUse, Node
-from libs.core.lifecycle import JobState
-from libs.core.perf import CpuMemDemand, PerformanceModel
-from libs.core.shape import JobShape
-from libs.core.snapshot import JobView, Snapshot
-from services.predictor.cpu_profiles import Sensitivity
-from services.scheduler.policies.base import Policy
+from gpusched.libs.common.schemas import JobRecord, NodeInfo, Placement
+from gpusched.libs.core.cluster import Allocation, Cluster, HostUse, Node
+from gpusched.libs.core.lifecycle import JobState
+from gpusched.libs.core.perf import CpuMemDemand, PerformanceModel
+from gpusched.libs.core.shape import JobShape
+from gpusched.libs.core.snapshot import JobView, Snapshot
+from gpusched.services.predictor.cpu_profiles import Sensitivity
+from gpusched.services.scheduler.policies.base import Policy
 
 
 class ScaledModel:
@@ -300,7 +300,7 @@ def waiting_view(job: LiveJob, now: float) -> JobView:
 def running_view(job: LiveJob, now: float, gpu_ids: tuple[int, ...]) -> JobView:
     """The view of a job holding GPUs, as of its last progress report, and the same
     object as last round's while nothing it is built from has changed (a running view is
-    linear in time, see ``libs.core.snapshot``). Before its first report it is as of now,
+    linear in time, see ``gpusched.libs.core.snapshot``). Before its first report it is as of now,
     so new every round."""
 
     def make() -> JobView:

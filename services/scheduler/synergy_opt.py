@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from libs.core.decision import Decision
-from libs.core.perf import PerformanceModel
-from libs.core.snapshot import Snapshot
-from services.scheduler.policies.base import Policy
+from gpusched.libs.core.decision import Decision
+from gpusched.libs.core.perf import PerformanceModel
+from gpusched.libs.core.snapshot import Snapshot
+from gpusched.services.scheduler.policies.base import Policy
 
 #: Synergy's grid: CPU cores per GPU and host memory GB per GPU
 CPU_AXIS = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 9.0, 12.0, 24.0)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from libs.core.perf import CpuMemDemand
+from gpusched.libs.core.perf import CpuMemDemand
 
 CATEGORIES = ("image", "language", "speech", "recommendation", "rl")
 #: the GPU-proportional share the built-in CPU/memory sensitivity is relative to
@@ -177,7 +177,8 @@ def _check_builtin_model(p: ModelProfile) -> None:
 
 
 def load_builtin() -> tuple[dict[str, ModelProfile], Network]:
-    text = resources.files("libs.core").joinpath("builtin/profiles.json").read_text("utf-8")
+    package = resources.files("gpusched.libs.core")
+    text = package.joinpath("builtin/profiles.json").read_text("utf-8")
     document = json.loads(text)
     net = document["network"]
     network = Network(

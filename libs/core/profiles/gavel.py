@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from libs.core.profiles.files import finite_rate, load_json
+from gpusched.libs.core.profiles.files import finite_rate, load_json
 
 #: slowdown reported for a pair that Gavel measured as not fitting on one GPU together;
 #: large enough that no sharing policy picks it, yet finite so arithmetic stays sane

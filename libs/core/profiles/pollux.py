@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from libs.core.profiles.builtin import ring_factor
-from libs.core.profiles.files import csv_rows, integer_cell, number_cell
+from gpusched.libs.core.profiles.builtin import ring_factor
+from gpusched.libs.core.profiles.files import csv_rows, integer_cell, number_cell
 
 #: floor of the compute part of a step, so that noisy data never yields a zero time
 MIN_COMPUTE_S = 1e-6

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from libs.core.perf import CpuMemDemand
-from libs.core.profiles.files import finite_rate, load_json
+from gpusched.libs.core.perf import CpuMemDemand
+from gpusched.libs.core.profiles.files import finite_rate, load_json
 
 #: Synergy's GPU-proportional share per GPU, used when models.json does not state one
 SYNERGY_FAIR_CPUS = 3.0

@@ -1,7 +1,8 @@
-"""``python -m services.nodeagent.worker``: see :mod:`services.nodeagent.worker.cli`."""
+"""``python -m gpusched.services.nodeagent.worker``: see
+:mod:`gpusched.services.nodeagent.worker.cli`."""
 
 import sys
 
-from services.nodeagent.worker.cli import main
+from gpusched.services.nodeagent.worker.cli import main
 
 sys.exit(main())

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from libs.core.profiles.builtin import load_builtin
+from gpusched.libs.core.profiles.builtin import load_builtin
 
 ZooModel = Literal["mlp", "cnn", "transformer"]
 ZOO_MODELS: tuple[ZooModel, ...] = ("mlp", "cnn", "transformer")

@@ -18,12 +18,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from libs.common.embedded import free_port
-from libs.common.logging import configure_logging
-from libs.core.extras import TRAIN, MissingExtraError, require
-from libs.sdk import JobContext, JobEnvironmentError
-from libs.sdk.context import FIRST_RANK, RENDEZVOUS, WORLD_SIZE
-from services.nodeagent.worker.catalog import (
+from gpusched.libs.common.embedded import free_port
+from gpusched.libs.common.logging import configure_logging
+from gpusched.libs.core.extras import TRAIN, MissingExtraError, require
+from gpusched.libs.sdk import JobContext, JobEnvironmentError
+from gpusched.libs.sdk.context import FIRST_RANK, RENDEZVOUS, WORLD_SIZE
+from gpusched.services.nodeagent.worker.catalog import (
     DEFAULT_SIZES,
     PROFILE_TO_ZOO,
     ModelSpec,
@@ -31,7 +31,7 @@ from services.nodeagent.worker.catalog import (
     ZooModel,
     cpu_cost_for,
 )
-from services.nodeagent.worker.degrees import Degrees, DegreesError, degrees_for
+from gpusched.services.nodeagent.worker.degrees import Degrees, DegreesError, degrees_for
 
 #: appends the number of every iteration this process executes (for tests and debugging)
 ITERATION_LOG_ENV = "GPUSCHED_WORKER_ITERATION_LOG"
@@ -102,7 +102,7 @@ def _mapping_epilog() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m services.nodeagent.worker",
+        prog="python -m gpusched.services.nodeagent.worker",
         description="Train a zoo model for one gpusched job run (job from GPUSCHED_* "
         "variables), or measure iteration times with --profile.",
         epilog=_mapping_epilog(),
@@ -193,8 +193,8 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     # spinning while it waits for work would take their time
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-    from services.nodeagent.worker.pipeline import DEFAULT_DATASET_SIZE
-    from services.nodeagent.worker.training import (
+    from gpusched.services.nodeagent.worker.pipeline import DEFAULT_DATASET_SIZE
+    from gpusched.services.nodeagent.worker.training import (
         DataParallel,
         DebugHooks,
         TrainingOptions,
@@ -224,7 +224,7 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
         with ctx:
             hooks = DebugHooks(iteration_log, hold_at)
             if degrees is not None and parallel is not None:
-                from services.nodeagent.worker.dtp import run_dtp_job
+                from gpusched.services.nodeagent.worker.dtp import run_dtp_job
 
                 run_dtp_job(ctx, spec, options, parallel, degrees, hooks, args.threads)
             else:
@@ -292,7 +292,7 @@ def _start_rank(local_rank: int, rendezvous: str, argv: Sequence[str]) -> subpro
     env = {**os.environ, LOCAL_RANK_ENV: str(local_rank), RENDEZVOUS: rendezvous}
     # the same process group as this rank: a stop signal to the job reaches every rank
     return subprocess.Popen(
-        [sys.executable, "-m", "services.nodeagent.worker", *argv],
+        [sys.executable, "-m", "gpusched.services.nodeagent.worker", *argv],
         env=env,
         stdin=subprocess.DEVNULL,
     )
@@ -326,8 +326,8 @@ def _profile(args: argparse.Namespace) -> int:
 
     import torch
 
-    from services.nodeagent.worker.profiling import profile
-    from services.nodeagent.worker.training import TrainingOptions
+    from gpusched.services.nodeagent.worker.profiling import profile
+    from gpusched.services.nodeagent.worker.training import TrainingOptions
 
     torch.set_num_threads(args.threads or 1)
     requested = args.device or os.environ.get("GPUSCHED_DEVICE", "").strip().lower()

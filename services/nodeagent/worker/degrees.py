@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from libs.sdk.context import DATA_PARALLEL, PIPELINE_PARALLEL, TENSOR_PARALLEL
+from gpusched.libs.sdk.context import DATA_PARALLEL, PIPELINE_PARALLEL, TENSOR_PARALLEL
 
 
 class DegreesError(ValueError):

@@ -48,17 +48,17 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn import functional
 
-from libs.sdk import JobContext, save_atomically
-from services.nodeagent.worker.catalog import ModelSpec
-from services.nodeagent.worker.degrees import Degrees, Position
-from services.nodeagent.worker.pipeline import (
+from gpusched.libs.sdk import JobContext, save_atomically
+from gpusched.services.nodeagent.worker.catalog import ModelSpec
+from gpusched.services.nodeagent.worker.degrees import Degrees, Position
+from gpusched.services.nodeagent.worker.pipeline import (
     DataSet,
     DecodedCache,
     InputPipeline,
     cache_budget_bytes,
 )
-from services.nodeagent.worker.schedule import Ramp
-from services.nodeagent.worker.training import (
+from gpusched.services.nodeagent.worker.schedule import Ramp
+from gpusched.services.nodeagent.worker.training import (
     CheckpointMismatchError,
     DataParallel,
     DebugHooks,
@@ -70,7 +70,7 @@ from services.nodeagent.worker.training import (
     resumed_rate,
     train_loop,
 )
-from services.nodeagent.worker.zoo import CLASSES, MLP_FEATURES, SyntheticData
+from gpusched.services.nodeagent.worker.zoo import CLASSES, MLP_FEATURES, SyntheticData
 
 log = structlog.get_logger("gpusched.worker")
 

@@ -1,5 +1,5 @@
-"""One process per GPU for a job's own command (``python -m services.nodeagent.worker.launch
-COMMAND...``).
+"""One process per GPU for a job's own command
+(``python -m gpusched.services.nodeagent.worker.launch COMMAND...``).
 
 The node agent runs a command given several GPUs on a node through this launcher, which
 starts the command once per GPU, as the built-in worker starts one rank per GPU: the
@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
-from libs.sdk.context import PROGRESS_FILE
+from gpusched.libs.sdk.context import PROGRESS_FILE
 
 USAGE_ERROR = 2
 #: how often the launcher looks at its processes

@@ -40,7 +40,7 @@ from numpy.typing import NDArray
 from torch import Tensor
 from torch.nn import functional
 
-from services.nodeagent.worker.catalog import CpuCost
+from gpusched.services.nodeagent.worker.catalog import CpuCost
 
 #: a raw record: 3 channels of RECORD_SIZE x RECORD_SIZE bytes
 RECORD_CHANNELS = 3

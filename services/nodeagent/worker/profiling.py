@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from libs.sdk import resident_set_mb
-from services.nodeagent.worker.catalog import ModelSpec
-from services.nodeagent.worker.training import Trainer, TrainingOptions
+from gpusched.libs.sdk import resident_set_mb
+from gpusched.services.nodeagent.worker.catalog import ModelSpec
+from gpusched.services.nodeagent.worker.training import Trainer, TrainingOptions
 
 
 def _synchronize(device: torch.device) -> None:

@@ -33,9 +33,9 @@ import structlog
 import torch
 from torch import Tensor, nn
 
-from libs.sdk import JobContext, resident_set_mb
-from services.nodeagent.worker.catalog import CpuCost, ModelSpec
-from services.nodeagent.worker.pipeline import (
+from gpusched.libs.sdk import JobContext, resident_set_mb
+from gpusched.services.nodeagent.worker.catalog import CpuCost, ModelSpec
+from gpusched.services.nodeagent.worker.pipeline import (
     DEFAULT_DATASET_SIZE,
     DataSet,
     DecodedCache,
@@ -44,8 +44,8 @@ from services.nodeagent.worker.pipeline import (
     held_out_images,
     workers_for,
 )
-from services.nodeagent.worker.schedule import LearningRateRule, Ramp, epoch_iterations
-from services.nodeagent.worker.zoo import VOCABULARY, SyntheticData, build_model, loss_of
+from gpusched.services.nodeagent.worker.schedule import LearningRateRule, Ramp, epoch_iterations
+from gpusched.services.nodeagent.worker.zoo import VOCABULARY, SyntheticData, build_model, loss_of
 
 log = structlog.get_logger("gpusched.worker")
 
@@ -493,7 +493,7 @@ def run_job(
 
 class LoopTrainer(Protocol):
     """What the training loop needs of a trainer: :class:`Trainer`, or one rank of a
-    (d, t, p) run (:class:`services.nodeagent.worker.dtp.DtpTrainer`)."""
+    (d, t, p) run (:class:`gpusched.services.nodeagent.worker.dtp.DtpTrainer`)."""
 
     ramp: Ramp
 

@@ -17,8 +17,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
-from services.nodeagent.worker.catalog import TRANSFORMER_HEADS, ModelSpec
-from services.nodeagent.worker.pipeline import (
+from gpusched.services.nodeagent.worker.catalog import TRANSFORMER_HEADS, ModelSpec
+from gpusched.services.nodeagent.worker.pipeline import (
     IMAGE_SIZE,
     RECORD_CHANNELS,
     DataSet,

@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from services.scheduler.policies.asrpt import Asrpt
-from services.scheduler.policies.base import Policy
-from services.scheduler.policies.genie import Genie
-from services.scheduler.policies.ones import Ones
-from services.scheduler.policies.preemptive import Srtf, Tiresias
-from services.scheduler.policies.simple import Edf, Fifo, FifoBackfill, Sjf
-from services.scheduler.policies.sjf_bsbf import SjfBsbf
-from services.scheduler.policies.synergy import SYNERGY_POLICIES
+from gpusched.services.scheduler.policies.asrpt import Asrpt
+from gpusched.services.scheduler.policies.base import Policy
+from gpusched.services.scheduler.policies.genie import Genie
+from gpusched.services.scheduler.policies.ones import Ones
+from gpusched.services.scheduler.policies.preemptive import Srtf, Tiresias
+from gpusched.services.scheduler.policies.simple import Edf, Fifo, FifoBackfill, Sjf
+from gpusched.services.scheduler.policies.sjf_bsbf import SjfBsbf
+from gpusched.services.scheduler.policies.synergy import SYNERGY_POLICIES
 
 POLICIES: dict[str, Callable[[], Policy]] = {
     "fifo": Fifo,

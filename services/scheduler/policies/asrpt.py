@@ -5,7 +5,7 @@ paper's text was not available).
 
 - **Virtual sizes.** A job of ``g`` GPUs with predicted exclusive run time ``p_hat``
   (its ``est_remaining_s``: the simulator's truth, the users' declared sizes or the
-  random forest of ``libs.core.size_predictor``, less the progress it has made) is a job
+  random forest of ``gpusched.libs.core.size_predictor``, less the progress it has made) is a job
   of size ``g * p_hat / G`` on a single machine as fast as the ``G``-GPU cluster.
 - **Virtual schedule.** Preemptive SRPT on that machine always serves the job with the
   least remaining virtual work. We rank every job, running or queued, by that remaining
@@ -18,8 +18,9 @@ paper's text was not available).
   is charged in its rank.
 - **Real schedule.** Jobs start in that order on the cluster's placement (the
   consolidated greedy ``FreeGpus.take``; a job with tensor or pipeline parallelism where
-  the communication-aware mapper puts it, ``FreeGpus.take_parallel``), with backfilling: a job that does not fit the
-  GPUs left is skipped and later ones may start.
+  the communication-aware mapper puts it, ``FreeGpus.take_parallel``), with
+  backfilling: a job that does not fit the GPUs left is skipped and later ones may
+  start.
 - **Preemption** only with ``preemptive`` and only of a running job whose restart cost is
   below the bound: ``restart_s <= max_restart_share x`` its predicted remaining time.
   Others keep their GPUs. Among the preemptable, the lowest-ranked go first, and only
@@ -38,15 +39,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
 
-from libs.core.decision import Decision
-from libs.core.snapshot import JobView, Snapshot
-from services.scheduler.policies.base import (
+from gpusched.libs.core.decision import Decision
+from gpusched.libs.core.snapshot import JobView, Snapshot
+from gpusched.services.scheduler.policies.base import (
     QueueSort,
     ShapeCache,
     by_priority_ranked,
     has_priorities,
 )
-from services.scheduler.policies.preemptive import Moved, Ranked, decide_by_rank
+from gpusched.services.scheduler.policies.preemptive import Moved, Ranked, decide_by_rank
 
 #: ranks of running jobs that may not be preempted come before every other rank
 KEEP, CONTEST = 0, 1

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Protocol
 
-from libs.core.decision import Decision, Start
-from libs.core.parallelism import Degrees
-from libs.core.placement import FreeGpus
-from libs.core.snapshot import JobView, Snapshot
+from gpusched.libs.core.decision import Decision, Start
+from gpusched.libs.core.parallelism import Degrees
+from gpusched.libs.core.placement import FreeGpus
+from gpusched.libs.core.snapshot import JobView, Snapshot
 
 #: accumulation steps a policy may choose from (sub-batch = batch / (gpus * k))
 ACCUM_CHOICES = (1, 2, 4, 8, 16)

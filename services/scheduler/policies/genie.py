@@ -28,9 +28,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import chain, islice
 
-from libs.core.decision import Decision
-from libs.core.snapshot import JobView, Snapshot
-from services.scheduler.policies.base import (
+from gpusched.libs.core.decision import Decision
+from gpusched.libs.core.snapshot import JobView, Snapshot
+from gpusched.services.scheduler.policies.base import (
     QueueSort,
     by_priority,
     greedy_exclusive,

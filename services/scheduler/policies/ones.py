@@ -31,7 +31,7 @@ Where this differs from the method's description (DESIGN.md section 5, ONES), an
   at the largest batch the model's convergence curve was measured at (where the
   estimates know one), and the per-GPU batch shrinks past it.
 - Remaining samples come from ``est_remaining_s``: a simulator fills it from the
-  progress predictor of ``libs.core.progress`` (the mean of its Beta, not a sample),
+  progress predictor of ``gpusched.libs.core.progress`` (the mean of its Beta, not a sample),
   pulled towards the size estimate every policy uses until the predictor has seen
   several jobs of the data set finish; a job without a prediction counts with that
   estimate rather than adding nothing.
@@ -54,10 +54,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from libs.core.decision import Decision, Preempt, Resize, Start
-from libs.core.perf import ConvergenceSource
-from libs.core.snapshot import JobView, Snapshot
-from services.scheduler.policies.base import (
+from gpusched.libs.core.decision import Decision, Preempt, Resize, Start
+from gpusched.libs.core.perf import ConvergenceSource
+from gpusched.libs.core.snapshot import JobView, Snapshot
+from gpusched.services.scheduler.policies.base import (
     ModelBasis,
     QueueSort,
     exclusive_accum,

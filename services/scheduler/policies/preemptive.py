@@ -25,10 +25,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
-from libs.core.decision import Decision, Preempt, Start
-from libs.core.placement import FreeGpus
-from libs.core.snapshot import JobView, Snapshot
-from services.scheduler.policies.base import (
+from gpusched.libs.core.decision import Decision, Preempt, Start
+from gpusched.libs.core.placement import FreeGpus
+from gpusched.libs.core.snapshot import JobView, Snapshot
+from gpusched.services.scheduler.policies.base import (
     LazyReasons,
     QueueSort,
     ShapeCache,

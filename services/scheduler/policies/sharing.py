@@ -10,12 +10,12 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from libs.core.shape import JobShape
-from libs.core.snapshot import JobView, Snapshot
-from services.scheduler.policies.base import accum_choices
+from gpusched.libs.core.shape import JobShape
+from gpusched.libs.core.snapshot import JobView, Snapshot
+from gpusched.services.scheduler.policies.base import accum_choices
 
 if TYPE_CHECKING:
-    from services.scheduler.policies.slots import SlotGroup
+    from gpusched.services.scheduler.policies.slots import SlotGroup
 
 
 def t_sequential(e_a: float, e_b: float) -> float:

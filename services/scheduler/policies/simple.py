@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from libs.core.decision import Decision
-from libs.core.snapshot import JobView, Snapshot
-from services.scheduler.policies.base import QueueSort, greedy_exclusive, ordered_pending
+from gpusched.libs.core.decision import Decision
+from gpusched.libs.core.snapshot import JobView, Snapshot
+from gpusched.services.scheduler.policies.base import QueueSort, greedy_exclusive, ordered_pending
 
 
 def fifo_key(job: JobView) -> tuple[float, str]:

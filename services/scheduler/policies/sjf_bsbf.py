@@ -35,10 +35,10 @@ from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from libs.core.decision import Decision, Start
-from libs.core.placement import FreeGpus
-from libs.core.snapshot import JobView, Snapshot
-from services.scheduler.policies.base import (
+from gpusched.libs.core.decision import Decision, Start
+from gpusched.libs.core.placement import FreeGpus
+from gpusched.libs.core.snapshot import JobView, Snapshot
+from gpusched.services.scheduler.policies.base import (
     ModelBasis,
     QueueSort,
     ShapeCache,
@@ -46,7 +46,7 @@ from services.scheduler.policies.base import (
     ordered_pending,
     place_exclusive,
 )
-from services.scheduler.policies.sharing import (
+from gpusched.services.scheduler.policies.sharing import (
     BenefitWindow,
     Pairing,
     ShapeTerms,
@@ -58,8 +58,8 @@ from services.scheduler.policies.sharing import (
     t_concurrent,
     t_sequential,
 )
-from services.scheduler.policies.simple import SJF_ORDER
-from services.scheduler.policies.slots import SlotGroup, SlotIndex
+from gpusched.services.scheduler.policies.simple import SJF_ORDER
+from gpusched.services.scheduler.policies.slots import SlotGroup, SlotIndex
 
 #: a wake-up lands this much after the benefit test flips, so the test passes then
 WAKE_MARGIN_S = 1e-3

@@ -9,9 +9,9 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from libs.core.snapshot import JobView, Snapshot
-from services.scheduler.policies.base import ModelBasis
-from services.scheduler.policies.sharing import BenefitWindow
+from gpusched.libs.core.snapshot import JobView, Snapshot
+from gpusched.services.scheduler.policies.base import ModelBasis
+from gpusched.services.scheduler.policies.sharing import BenefitWindow
 
 
 @dataclass(slots=True)

@@ -30,13 +30,18 @@ from functools import partial
 from itertools import chain
 from typing import NamedTuple
 
-from libs.core.cluster import Cluster, Node
-from libs.core.decision import Decision, Reallocate, Start
-from libs.core.perf import demand_on_node
-from libs.core.snapshot import JobView, Snapshot
-from services.scheduler.policies.base import ModelBasis, QueueSort, ShapeCache, ordered_pending
-from services.scheduler.policies.preemptive import SRTF_ORDER
-from services.scheduler.policies.simple import FIFO_ORDER
+from gpusched.libs.core.cluster import Cluster, Node
+from gpusched.libs.core.decision import Decision, Reallocate, Start
+from gpusched.libs.core.perf import demand_on_node
+from gpusched.libs.core.snapshot import JobView, Snapshot
+from gpusched.services.scheduler.policies.base import (
+    ModelBasis,
+    QueueSort,
+    ShapeCache,
+    ordered_pending,
+)
+from gpusched.services.scheduler.policies.preemptive import SRTF_ORDER
+from gpusched.services.scheduler.policies.simple import FIFO_ORDER
 
 #: allocations within this much of each other are the same (float sums over nodes)
 EPS = 1e-9
