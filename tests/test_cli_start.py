@@ -59,3 +59,32 @@ def test_decode_prints_a_messagepack_payload_as_json():
         cwd=ROOT, input=msgspec.msgpack.encode(payload), capture_output=True, check=True,
     )  # fmt: skip
     assert json.loads(done.stdout) == payload
+
+
+ENTRY_DECODE = """
+import json, sys
+sys.argv = ["gpusched", "decode"]
+from gpusched.services.cli.entry import main
+main()
+print(json.dumps(sorted(sys.modules)), file=sys.stderr)
+"""
+
+
+def test_the_gpusched_entry_decodes_without_loading_the_command_line_framework():
+    payload = {"job": "j0002", "state": "QUEUED", "reason": "needs 2 GPUs"}
+    done = subprocess.run(
+        [sys.executable, "-c", ENTRY_DECODE],
+        cwd=ROOT, input=msgspec.msgpack.encode(payload), capture_output=True, check=True,
+    )  # fmt: skip
+    assert json.loads(done.stdout) == payload
+    modules = set(json.loads(done.stderr))
+    assert not modules & {"typer", "click", "rich", "gpusched.services.cli.main", *HEAVY}
+
+
+def test_decode_help_still_comes_from_the_full_command_line():
+    gpusched = Path(sys.executable).with_name("gpusched")
+    done = subprocess.run(
+        [gpusched, "decode", "--help"], capture_output=True, text=True, check=True
+    )
+    assert "Usage: gpusched decode" in done.stdout
+    assert "nats sub --translate" in done.stdout

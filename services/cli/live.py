@@ -15,6 +15,7 @@ from rich.table import Table
 
 from gpusched.libs.common import codec, subjects
 from gpusched.services.cli.client import ApiError, Endpoint, call
+from gpusched.services.cli.entry import decode_stdin
 
 UrlOption = Annotated[
     str | None, typer.Option("--url", help="API address (default: GPUSCHED_URL or `up`'s).")
@@ -174,8 +175,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def decode() -> None:
         """Read MessagePack from stdin, print JSON (for `nats sub --translate`)."""
-        data = sys.stdin.buffer.read()
-        print(codec.to_json_text(data))
+        decode_stdin()
 
 
 def _read(file: Path) -> str:
