@@ -267,9 +267,13 @@ class ShapeCache:
 
 
 def no_room_reason(job: JobView, free: FreeGpus) -> str:
+    return no_room_text(job.gpus, free.total, free.largest_block())
+
+
+def no_room_text(gpus: int, idle: int, block: int) -> str:
     return (
-        f"needs {job.gpus} GPU{'s' if job.gpus > 1 else ''}; {free.total} idle, "
-        f"largest idle block on one node {free.largest_block()}"
+        f"needs {gpus} GPU{'s' if gpus > 1 else ''}; {idle} idle, "
+        f"largest idle block on one node {block}"
     )
 
 
@@ -301,32 +305,76 @@ def model_parallel(job: JobView) -> int:
     return degree if degree > 1 and job.gpus % degree == 0 else 1
 
 
-def greedy_exclusive(snapshot: Snapshot, ordered: Iterable[JobView], *, backfill: bool) -> Decision:
+class _GreedyReasons(Mapping[str, str]):
+    """A greedy scan's reasons, the "needs N GPUs" sentences written only when asked
+    for: a backfilling scan over a long queue skips most jobs, and a simulator asks why
+    about few of them. Each skipped job keeps the idle GPUs and largest idle block of
+    the moment it was skipped, so its sentence is the one the scan would have written."""
+
+    __slots__ = ("_explicit", "_skipped")
+
+    def __init__(
+        self, explicit: dict[str, str], skipped: dict[str, tuple[int, int, int]]
+    ) -> None:
+        self._explicit = explicit
+        self._skipped = skipped
+
+    def __getitem__(self, job_id: str) -> str:
+        found = self._explicit.get(job_id)
+        if found is not None:
+            return found
+        return no_room_text(*self._skipped[job_id])
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._explicit
+        yield from self._skipped
+
+    def __len__(self) -> int:
+        return len(self._explicit) + len(self._skipped)
+
+
+def greedy_exclusive(
+    snapshot: Snapshot,
+    ordered: Iterable[JobView],
+    *,
+    backfill: bool,
+    shapes: ShapeCache | None = None,
+) -> Decision:
     """Start jobs in order on idle GPUs; with ``backfill`` skip those that do not fit.
 
     The scan stops once no GPU is idle: every job after that point shares one reason,
     so a decision over a long queue costs what it places, not the queue's length.
+    ``shapes``, a cache the policy keeps, saves asking the performance model about a
+    job shape again (one is made for this call otherwise).
     """
+    shapes = shapes if shapes is not None else ShapeCache()
     free = FreeGpus(snapshot)
     starts: list[Start] = []
-    reasons: dict[str, str] = {}
+    explicit: dict[str, str] = {}
+    skipped: dict[str, tuple[int, int, int]] = {}
+    #: the largest idle block, worked out again only after a start changes it
+    block = -1
     blocker: JobView | None = None
     for job in ordered:
         if free.total == 0:
             break
-        bad = unschedulable_reason(job, snapshot)
+        bad = shapes.unschedulable(job, snapshot)
         if bad:
-            reasons[job.job_id] = bad
+            explicit[job.job_id] = bad
             continue
-        start = place_exclusive(job, free, snapshot)
+        start = place_exclusive(job, free, snapshot, shapes)
         if start is not None:
             starts.append(start)
+            block = -1
             continue
-        reasons[job.job_id] = no_room_reason(job, free)
+        if block < 0:
+            block = free.largest_block()
+        skipped[job.job_id] = (job.gpus, free.total, block)
         if not backfill:
             blocker = job
             break
     default = busy_reason(snapshot)
     if blocker is not None:
         default = f"behind {blocker.job_id} in queue order, which needs {blocker.gpus} GPUs"
+    reasons = _GreedyReasons(explicit, skipped) if skipped else explicit
     return Decision(starts=tuple(starts), reasons=reasons, default_reason=default)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpusched.libs.core.decision import Decision
 from gpusched.libs.core.snapshot import JobView, Snapshot
-from gpusched.services.scheduler.policies.base import QueueSort, greedy_exclusive, ordered_pending
+from gpusched.services.scheduler.policies.base import (
+    QueueSort,
+    ShapeCache,
+    greedy_exclusive,
+    ordered_pending,
+)
 
 
 def fifo_key(job: JobView) -> tuple[float, str]:
@@ -36,10 +41,12 @@ class Fifo:
     name: str = "fifo"
     preemptive: bool = False
     queue_sort: QueueSort | None = FIFO_ORDER
+    _shapes: ShapeCache = field(default_factory=ShapeCache, compare=False, repr=False)
 
     def decide(self, snapshot: Snapshot) -> Decision:
         return greedy_exclusive(
-            snapshot, ordered_pending(snapshot, FIFO_ORDER), backfill=self.backfill
+            snapshot, ordered_pending(snapshot, FIFO_ORDER), backfill=self.backfill,
+            shapes=self._shapes,
         )
 
 
@@ -58,9 +65,10 @@ class Sjf:
     name: str = "sjf"
     preemptive: bool = False
     queue_sort: QueueSort | None = SJF_ORDER
+    _shapes: ShapeCache = field(default_factory=ShapeCache, compare=False, repr=False)
 
     def decide(self, snapshot: Snapshot) -> Decision:
-        return _skipping(snapshot, SJF_ORDER)
+        return _skipping(snapshot, SJF_ORDER, self._shapes)
 
 
 @dataclass(frozen=True)
@@ -71,13 +79,16 @@ class Edf:
     name: str = "edf"
     preemptive: bool = False
     queue_sort: QueueSort | None = EDF_ORDER
+    _shapes: ShapeCache = field(default_factory=ShapeCache, compare=False, repr=False)
 
     def decide(self, snapshot: Snapshot) -> Decision:
-        return _skipping(snapshot, EDF_ORDER)
+        return _skipping(snapshot, EDF_ORDER, self._shapes)
 
 
-def _skipping(snapshot: Snapshot, order: QueueSort) -> Decision:
+def _skipping(snapshot: Snapshot, order: QueueSort, shapes: ShapeCache) -> Decision:
     """Start queued jobs in ``order``, skipping those that do not fit."""
     if snapshot.free_gpus == 0:
         return greedy_exclusive(snapshot, (), backfill=True)
-    return greedy_exclusive(snapshot, ordered_pending(snapshot, order), backfill=True)
+    return greedy_exclusive(
+        snapshot, ordered_pending(snapshot, order), backfill=True, shapes=shapes
+    )
