@@ -102,16 +102,22 @@ def register(app: typer.Typer) -> None:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
             async with LocalCluster(config) as cluster:
-                out = Console()
+                # soft wrap: a narrow terminal must not break a URL or command in two
+                out = Console(soft_wrap=True)
                 out.print(f"gpusched is up: {nodes} nodes x {gpus_per_node} GPUs, "
                           f"policy {policy}")
-                out.print(f"  API    {cluster.url}")
-                out.print(f"  token  {cluster.token}")
-                out.print(f"  NATS   {cluster.nats_url}")
-                if cluster.metrics_url:
-                    out.print(f"  metrics {cluster.metrics_url}")
-                out.print("  try    gpusched submit --model resnet50 --batch-size 64 "
-                          "--iterations 500; gpusched jobs")
+                lines = [
+                    ("API", cluster.url),
+                    ("dashboard", f"{cluster.url}/ (asks for the token)"),
+                    ("token", cluster.token),
+                    ("NATS", cluster.nats_url),
+                    ("metrics", cluster.metrics_url),
+                    ("try", "gpusched submit --model resnet50 --batch-size 64 "
+                            "--iterations 500; gpusched jobs"),
+                ]
+                for label, value in lines:
+                    if value:
+                        out.print(f"  {label:<9} {value}", highlight=False)
                 out.print("Ctrl-C stops everything.", style="dim")
                 await stop.wait()
                 out.print("stopping...", style="dim")
