@@ -104,8 +104,8 @@ def register(app: typer.Typer) -> None:
             async with LocalCluster(config) as cluster:
                 # soft wrap: a narrow terminal must not break a URL or command in two
                 out = Console(soft_wrap=True)
-                out.print(f"gpusched is up: {nodes} nodes x {gpus_per_node} GPUs, "
-                          f"policy {policy}")
+                out.print(f"gpusched is up: {nodes} node{'s' if nodes != 1 else ''} x "
+                          f"{gpus_per_node} GPUs, policy {policy}")
                 lines = [
                     ("API", cluster.url),
                     ("dashboard", f"{cluster.url}/ (asks for the token)"),
