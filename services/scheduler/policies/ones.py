@@ -102,6 +102,53 @@ class _Job:
         return self.view.gpus if self.view.running else 0
 
 
+class _Problem:
+    """One decision's jobs as arrays the repair reads (job index = row)."""
+
+    def __init__(self, snapshot: Snapshot, jobs: list[_Job]) -> None:
+        self.jobs = jobs
+        self.total = total = snapshot.cluster.total_gpus
+        self.node_of = np.asarray(snapshot.cluster.gpu_node, dtype=np.int64)
+        count = len(jobs)
+        self.rows = np.arange(count)
+        width = max((len(job.sizes) for job in jobs), default=1)
+        #: each job's sizes, ascending, padded past its largest with more than the cluster
+        self.ladder = np.full((count, width), total + 1, dtype=np.int64)
+        #: predicted remaining GPU-seconds at each of those sizes
+        self.cost = np.zeros((count, width))
+        for i, job in enumerate(jobs):
+            self.ladder[i, : len(job.sizes)] = job.sizes
+            self.cost[i, : len(job.sizes)] = [job.cost[n][0] for n in job.sizes]
+        self.frozen = np.array([job.kind == "frozen" for job in jobs], dtype=bool)
+        self.current = np.array([job.current for job in jobs], dtype=np.int64)
+        #: the job on every GPU now (NONE: idle)
+        self.occupancy = np.full(total, NONE, dtype=np.int64)
+        keepable = np.zeros(count, dtype=bool)
+        for i, job in enumerate(jobs):
+            ids = job.view.gpu_ids
+            if job.view.running and (self.occupancy[list(ids)] == NONE).all():
+                # a job on a contiguous block stays there while it keeps its size
+                keepable[i] = _contiguous(ids)
+                self.occupancy[list(ids)] = i
+        self.keepable = keepable
+        self.id_rank = np.argsort(np.argsort(np.array([j.view.job_id for j in jobs], dtype=object)))
+        self.by_one_gpu = sorted(
+            (i for i, j in enumerate(jobs) if j.kind == "running"),
+            key=lambda i: (jobs[i].one_gpu_s, jobs[i].view.job_id),
+        )
+        self.new_jobs = [i for i, j in enumerate(jobs) if j.kind == "new"]
+        self._own: dict[int, np.ndarray] = {}
+
+    def own(self, i: int) -> np.ndarray:
+        """Prefix sums over GPUs of job ``i``'s GPUs now (the overlap of a block)."""
+        found = self._own.get(i)
+        if found is None:
+            mask = np.zeros(self.total + 1, dtype=np.int64)
+            mask[np.asarray(self.jobs[i].view.gpu_ids, dtype=np.int64) + 1] = 1
+            found = self._own[i] = np.cumsum(mask)
+        return found
+
+
 @dataclass
 class Ones:
     """Online evolutionary search over GPU counts (see the module docstring)."""
@@ -257,114 +304,92 @@ class Ones:
         largest.sizes = kept
 
     # ---- repair -----------------------------------------------------------------------
-    def _repair(self, snapshot: Snapshot, jobs: list[_Job], genes: np.ndarray) -> np.ndarray:
+    def _repair(self, problem: _Problem, genes: np.ndarray) -> np.ndarray:
         for _ in range(REPAIR_ROUNDS):
-            fixed = self._repair_once(snapshot, jobs, genes)
+            fixed = self._repair_once(problem, genes)
             if np.array_equal(fixed, genes):
                 break
             genes = fixed
         return genes
 
-    def _repair_once(self, snapshot: Snapshot, jobs: list[_Job], genes: np.ndarray) -> np.ndarray:
-        total = len(genes)
+    def _repair_once(self, p: _Problem, genes: np.ndarray) -> np.ndarray:
+        jobs = p.jobs
         held = np.bincount(genes[genes >= 0], minlength=len(jobs))
-        size = [0] * len(jobs)
-        for i, job in enumerate(jobs):
-            if job.kind == "frozen":
-                size[i] = job.view.gpus
-            elif held[i] > 0:
-                fitting = [n for n in job.sizes if n <= held[i]]
-                size[i] = fitting[-1] if fitting else job.sizes[0]
-        by_one_gpu = sorted(
-            (i for i, j in enumerate(jobs) if j.kind == "running"),
-            key=lambda i: (jobs[i].one_gpu_s, jobs[i].view.job_id),
-        )
-        free = total - sum(size)
+        # the largest size on the ladder a job's genes hold (its smallest if none fits)
+        fits = (p.ladder <= held[:, None]).sum(axis=1)
+        sized = np.where(fits > 0, p.ladder[p.rows, np.maximum(fits - 1, 0)], p.ladder[:, 0])
+        sized = np.where(held > 0, sized, 0)
+        sized[p.frozen] = p.current[p.frozen]
+        free = p.total - int(sized.sum())
+        size: list[int] = sized.tolist()
         # too many GPUs asked: undo growth first (longest to go first), then leave out
         # new jobs, then shrink executed jobs below their size; padding gives new jobs
         # the first free GPUs, so growth must not squeeze them out here either
-        new_jobs = [i for i, j in enumerate(jobs) if j.kind == "new"]
-        for i, floor in (
-            *((i, jobs[i].view.gpus) for i in reversed(by_one_gpu)),
-            *((i, 0) for i in reversed(new_jobs)),
-            *((i, 0) for i in reversed(by_one_gpu)),
-        ):
-            while free < 0 and size[i] > floor:
-                smaller = [n for n in jobs[i].sizes if n < size[i]]
-                nxt = smaller[-1] if smaller else 0
-                free += size[i] - nxt
-                size[i] = nxt
+        if free < 0:
+            for i, floor in (
+                *((i, jobs[i].view.gpus) for i in reversed(p.by_one_gpu)),
+                *((i, 0) for i in reversed(p.new_jobs)),
+                *((i, 0) for i in reversed(p.by_one_gpu)),
+            ):
+                while free < 0 and size[i] > floor:
+                    smaller = [n for n in jobs[i].sizes if n < size[i]]
+                    nxt = smaller[-1] if smaller else 0
+                    free += size[i] - nxt
+                    size[i] = nxt
         # padding: new jobs at their start size, then executed jobs up to their current
         # size, then up to their cap, shortest predicted remaining time first
-        for i, job in enumerate(jobs):
-            if job.kind == "new" and size[i] == 0 and job.sizes[0] <= free:
-                size[i] = job.sizes[0]
+        for i in p.new_jobs:
+            if size[i] == 0 and jobs[i].sizes[0] <= free:
+                size[i] = jobs[i].sizes[0]
                 free -= size[i]
         for limit_of in (lambda j: j.view.gpus, lambda j: j.sizes[-1]):
-            for i in by_one_gpu:
+            for i in p.by_one_gpu:
+                if free == 0:
+                    break
                 job = jobs[i]
                 room = min(limit_of(job), size[i] + free)
                 fitting = [n for n in job.sizes if size[i] < n <= room]
                 if fitting:
                     free -= fitting[-1] - size[i]
                     size[i] = fitting[-1]
-        return self._layout(snapshot, jobs, size)
+        return self._layout(p, np.array(size, dtype=np.int64))
 
-    def _layout(self, snapshot: Snapshot, jobs: list[_Job], size: list[int]) -> np.ndarray:
+    def _layout(self, p: _Problem, size: np.ndarray) -> np.ndarray:
         """Contiguous GPUs for every job of ``size``, moving as few as possible: frozen
         jobs and jobs that keep their size stay where they run; the rest, largest first,
         take the free block that overlaps their current GPUs most, then spans the fewest
         nodes, then fits the tightest free run. A job no block holds shrinks, or waits."""
-        total = snapshot.cluster.total_gpus
-        node_of = snapshot.cluster.gpu_node
-        # a list, not an array: this walks single GPUs, where numpy scalars are slow
-        occ = [NONE] * total
-        movers: list[int] = []
-        for i, job in enumerate(jobs):
-            if size[i] == 0:
-                continue
-            ids = job.view.gpu_ids
-            stays = job.kind == "frozen" or (
-                job.view.running and size[i] == len(ids) and _contiguous(ids)
-            )
-            if stays and all(occ[g] == NONE for g in ids):
-                for g in ids:
-                    occ[g] = i
-            else:
-                movers.append(i)
-        movers.sort(key=lambda i: (-size[i], jobs[i].view.job_id))
-        for i in movers:
-            job = jobs[i]
-            own = set(job.view.gpu_ids)
-            options = [n for n in job.sizes if n <= size[i]]
-            for n in reversed(options):
-                block = _best_block(occ, n, own, node_of)
+        stays = p.frozen | (p.keepable & (size == p.current))
+        occ = np.where(np.append(stays, False)[p.occupancy], p.occupancy, NONE)
+        movers = np.flatnonzero((size > 0) & ~stays)
+        if len(movers) == 0:
+            return occ
+        movers = movers[np.lexsort((p.id_rank[movers], -size[movers]))]
+        for i in movers.tolist():
+            job = p.jobs[i]
+            own = p.own(i) if job.view.gpu_ids else None
+            for n in reversed([n for n in job.sizes if n <= size[i]]):
+                block = _best_block(occ, n, own, p.node_of)
                 if block is not None:
-                    occ[block : block + n] = [i] * n
+                    occ[block : block + n] = i
                     break
-        return np.array(occ, dtype=np.int64)
+        return occ
 
     # ---- the search -------------------------------------------------------------------
-    def _fitness(self, jobs: list[_Job], genes: np.ndarray) -> float:
+    def _fitness(self, p: _Problem, genes: np.ndarray) -> float:
         """Predicted remaining GPU-seconds of every job: at the size a candidate gives
         it, or, left out, at its smallest size (it still has that work to do later)."""
-        held = np.bincount(genes[genes >= 0], minlength=len(jobs))
-        return float(
-            sum(
-                job.cost[int(n) if n else job.sizes[0]][0]
-                for job, n in zip(jobs, held, strict=True)
-            )
-        )
+        held = np.bincount(genes[genes >= 0], minlength=len(p.jobs))
+        at = np.where(held > 0, (p.ladder == held[:, None]).argmax(axis=1), 0)
+        # summed in job order (a cumulative sum), as a Python sum would: a different
+        # rounding could reorder candidates of equal cost
+        return float(np.cumsum(p.cost[p.rows, at])[-1]) if len(p.jobs) else 0.0
 
-    def _generation(self, snapshot: Snapshot, jobs: list[_Job]) -> list[tuple[float, np.ndarray]]:
-        total = snapshot.cluster.total_gpus
+    def _generation(self, problem: _Problem) -> list[tuple[float, np.ndarray]]:
+        jobs, total = problem.jobs, problem.total
         index = {job.view.job_id: i for i, job in enumerate(jobs)}
-        current = np.full(total, NONE, dtype=np.int64)
-        for i, job in enumerate(jobs):
-            if job.view.running:
-                current[list(job.view.gpu_ids)] = i
         if not self._population or len(self._population[0]) != total:
-            parents = [current.copy() for _ in range(POPULATION)]
+            parents = [problem.occupancy.copy() for _ in range(POPULATION)]
         else:
             # old job index -> this decision's (NONE for jobs gone); NONE maps to NONE
             renumber = np.array(
@@ -388,15 +413,21 @@ class Ones:
             mutant[drop[parent]] = NONE
             mutants.append(mutant)
         scored: list[tuple[float, np.ndarray]] = []
+        # equal candidates (a converged population breeds many) are repaired once
+        repaired_of: dict[bytes, tuple[float, np.ndarray]] = {}
         for candidate in (*parents, *children, *mutants):
-            repaired = self._repair(snapshot, jobs, candidate)
-            scored.append((self._fitness(jobs, repaired), repaired))
+            key = candidate.tobytes()
+            found = repaired_of.get(key)
+            if found is None:
+                repaired = self._repair(problem, candidate)
+                found = repaired_of[key] = (self._fitness(problem, repaired), repaired)
+            scored.append(found)
         order = sorted(range(len(scored)), key=lambda k: (scored[k][0], k))
         return [scored[k] for k in order[:POPULATION]]
 
     def decide(self, snapshot: Snapshot) -> Decision:
         jobs, reasons = self._jobs(snapshot)
-        kept = self._generation(snapshot, jobs)
+        kept = self._generation(_Problem(snapshot, jobs))
         self._population = [genes for _, genes in kept]
         self._population_ids = [job.view.job_id for job in jobs]
         self.best_fitness, best = kept[0]
@@ -501,32 +532,30 @@ def _contiguous(ids: Sequence[int]) -> bool:
     return bool(ordered) and ordered[-1] - ordered[0] == len(ordered) - 1
 
 
-def _best_block(occ: list[int], n: int, own: set[int], node_of: Sequence[int]) -> int | None:
-    """Start of the free block of ``n`` GPUs that overlaps ``own`` most, spans the fewest
-    nodes and sits in the tightest free run; None if no free run holds ``n``."""
-    best: tuple[tuple[int, int, int, int], int] | None = None
+def _best_block(
+    occ: np.ndarray, n: int, own: np.ndarray | None, node_of: np.ndarray
+) -> int | None:
+    """Start of the free block of ``n`` GPUs that overlaps the GPUs counted in ``own``
+    (a prefix sum over GPUs; None: no GPU) most, spans the fewest nodes and sits in the
+    tightest free run; None if no free run holds ``n``."""
     total = len(occ)
-    start = 0
-    while start < total:
-        if occ[start] != NONE:
-            start += 1
-            continue
-        end = start
-        while end < total and occ[end] == NONE:
-            end += 1
-        run = end - start
-        if run >= n:
-            # the overlap of a window sliding one GPU along: add the GPU it takes in,
-            # drop the one it leaves
-            overlap = sum(1 for g in range(start, start + n) if g in own)
-            for s in range(start, end - n + 1):
-                if s > start:
-                    overlap += (s + n - 1 in own) - (s - 1 in own)
-                key = (-overlap, node_of[s + n - 1] - node_of[s] + 1, run, s)
-                if best is None or key < best[0]:
-                    best = (key, s)
-        start = end
-    return None if best is None else best[1]
+    edges = np.diff(np.concatenate(([0], (occ == NONE).view(np.int8), [0])))
+    starts = np.flatnonzero(edges == 1)
+    runs = np.flatnonzero(edges == -1) - starts
+    roomy = runs >= n
+    if not roomy.any():
+        return None
+    starts, runs = starts[roomy], runs[roomy]
+    # every window start inside every run that holds n
+    windows = runs - n + 1
+    offsets = np.arange(int(windows.sum())) - np.repeat(np.cumsum(windows) - windows, windows)
+    s = np.repeat(starts, windows) + offsets
+    run = np.repeat(runs, windows)
+    overlap = 0 if own is None else own[s + n] - own[s]
+    nodes = node_of[s + n - 1] - node_of[s] + 1
+    base = total + 1
+    key = (((n - overlap) * base + nodes) * base + run) * base + s
+    return int(s[np.argmin(key)])
 
 
 def _sequence(
