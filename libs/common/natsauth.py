@@ -56,7 +56,7 @@ def _open_stores() -> list[str]:
     """What ``Stores.open`` asks: look up (or create, identically) the jobs stream and
     the KV buckets. Creating an existing stream with the same settings changes nothing;
     changing settings needs ``STREAM.UPDATE``, which only the scheduler and admission
-    have."""
+    have (and the predictor, for the jobs stream)."""
     streams = [subjects.JOBS_STREAM, *(kv_stream(b) for b in _BUCKETS)]
     return [f"{_JS}.STREAM.{action}.{s}" for s in streams for action in ("INFO", "CREATE")]
 
@@ -181,6 +181,11 @@ def predictor() -> Permissions:
             # and GENIE's compute profiles
             f"{P}.node.*.compute_profile",
             subjects.ALL_COMPUTE_PROFILES,
+            # each submitted job's predicted size, stored in the jobs stream; it may
+            # bring a stream made before that subject up to date (``gpusched up``
+            # starts the predictor first)
+            subjects.ALL_JOB_PREDICTED_SIZES,
+            f"{_JS}.STREAM.UPDATE.{subjects.JOBS_STREAM}",
             kv_keys(subjects.PREDICTOR_BUCKET),
             *_open_stores(),
             *_read_bucket(subjects.JOBS_BUCKET),

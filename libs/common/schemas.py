@@ -39,6 +39,8 @@ MAX_DEADLINE = 4_102_444_800.0
 GpuCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_GPUS)]
 BatchSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_BATCH_SIZE)]
 IterationCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_ITERATIONS)]
+#: where a job's predicted size comes from (services/predictor/sizes.py)
+PredictionSource = Literal["forest", "declared"]
 MAX_LEARNING_RATE = 1000.0
 LearningRate = Annotated[float, msgspec.Meta(gt=0, le=MAX_LEARNING_RATE)]
 
@@ -139,6 +141,11 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     #: finish (seconds since the epoch) and the run time alone it still needs (seconds)
     est_end_at: float | None = None
     est_run_s: float | None = None
+    #: the iterations the predictor predicted at submission (``SizePredicted``), written
+    #: by the scheduler; ``prediction_source`` ``forest`` (the scheduler believes it) or
+    #: ``declared`` (the job's own figure). None: no prediction has arrived
+    predicted_iterations: float | None = None
+    prediction_source: PredictionSource | None = None
 
     @property
     def current_spec(self) -> JobSpec:
@@ -370,6 +377,17 @@ class CancelRequest(msgspec.Struct, frozen=True):
 
 class JobSubmitted(msgspec.Struct, frozen=True):
     job_id: str
+    at: float
+
+
+class SizePredicted(msgspec.Struct, frozen=True, kw_only=True):
+    """``gpusched.job.<id>.predicted_size``, stored in the jobs stream: the iterations the
+    predictor predicts for a submitted job, ``forest`` for a template its size forest has
+    learned, else ``declared`` (the job's own figure)."""
+
+    job_id: IdStr
+    iterations: Annotated[float, msgspec.Meta(gt=0)]
+    source: PredictionSource
     at: float
 
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 PREFIX = "gpusched"
 
 #: JetStream stream holding durable work for the scheduler: submissions, cancels, exits
+#: and the predictor's predicted sizes
 JOBS_STREAM = "GPUSCHED_JOBS"
 JOBS_STREAM_SUBJECTS = (
     f"{PREFIX}.job.*.submitted",
     f"{PREFIX}.job.*.cancel",
     f"{PREFIX}.job.*.exit",
+    f"{PREFIX}.job.*.predicted_size",
 )
 SCHEDULER_CONSUMER = "scheduler"
 
@@ -53,6 +55,11 @@ def job_cancel(job_id: str) -> str:
 
 def job_exit(job_id: str) -> str:
     return f"{PREFIX}.job.{_id(job_id)}.exit"
+
+
+def job_predicted_size(job_id: str) -> str:
+    """Published durably by the predictor: a submitted job's predicted iterations."""
+    return f"{PREFIX}.job.{_id(job_id)}.predicted_size"
 
 
 def job_state(job_id: str) -> str:
@@ -121,6 +128,7 @@ PREDICT_COMPUTE_PROFILE = f"{PREDICTOR_GROUP}.compute_profile"
 ALL_JOB_STATES = f"{PREFIX}.job.*.state"
 ALL_JOB_SUBMISSIONS = f"{PREFIX}.job.*.submitted"
 ALL_JOB_PROGRESS = f"{PREFIX}.job.*.progress"
+ALL_JOB_PREDICTED_SIZES = f"{PREFIX}.job.*.predicted_size"
 ALL_CPU_PROFILES = f"{PREFIX}.model.*.cpu_profile"
 ALL_COMPUTE_PROFILES = f"{PREFIX}.model.*.compute_profile"
 ALL_HEARTBEATS = f"{PREFIX}.node.*.heartbeat"

@@ -396,7 +396,11 @@ class ProcessRun(Actor[RunMessage]):
         plan = self.plan
         finished = self._done or self._latest.iteration >= plan.total_iterations
         if returncode == 0 and finished:
-            return RunEnd("succeeded", plan.total_iterations, 0)
+            # a done line before the total (the job ended early, e.g. converged) tells
+            # how many iterations it ran
+            ran = self._latest.iteration
+            early = self._done and 0 < ran < plan.total_iterations
+            return RunEnd("succeeded", ran if early else plan.total_iterations, 0)
         if self._stop_reason is not None:
             return RunEnd("stopped", self._checkpoint, returncode, self.stderr_tail())
         if returncode == 0 and not self._saw_progress:

@@ -16,7 +16,8 @@ events (a SUCCEEDED job's record gives its model's iteration count).
 template (tenant and job name stem) it has learned gets the forest's figure (source
 ``forest``), any other the baseline answer (the declared figure, source ``declared``,
 where the request gives one). Every submission (``gpusched.job.<id>.submitted``) is
-predicted so from the job's record and remembered; a SUCCEEDED job's record trains the
+predicted so from the job's record, remembered, and stored in the jobs stream on
+``gpusched.job.<id>.predicted_size`` for the scheduler; a SUCCEEDED job's record trains the
 forest (in a thread) and scores that prediction. ``size_error`` answers the error
 figures as a :class:`~gpusched.libs.common.schemas.SizeErrorReport` (any payload; JSON when it
 starts with ``{``); the forest's rows and scores are kept under key ``size_rows``.
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -76,6 +78,7 @@ from prometheus_client.exposition import generate_latest
 
 from gpusched.libs.common import codec, natsauth, subjects
 from gpusched.libs.common.bus import Stores, connect, settle
+from gpusched.libs.common.retry import backoff, retry
 from gpusched.libs.common.schemas import (
     SCHEMA_VERSION,
     ComputeProfileRequest,
@@ -90,6 +93,7 @@ from gpusched.libs.common.schemas import (
     PredictRequest,
     RemainingRequest,
     SizeErrorReport,
+    SizePredicted,
 )
 from gpusched.libs.core.groundtruth import load_performance_model
 from gpusched.libs.core.perf import UnknownModelError
@@ -105,6 +109,8 @@ from gpusched.services.predictor.sizes import (
     SOURCE_FOREST,
     SizeLearner,
     StoredSizes,
+    predicted_size,
+    predicted_size_msg_id,
     request_of,
 )
 
@@ -118,6 +124,9 @@ JSON_HEADERS = {"Content-Type": "application/json", codec.SCHEMA_HEADER: str(SCH
 MAX_REMEMBERED_COMPLETIONS = 100_000
 #: room left in a NATS message beside the stored size rows (headers, the KV subject)
 STORED_HEADROOM_BYTES = 4096
+#: one attempt to store a predicted size, and how many (0.1 s doubling to 2 s between)
+PUBLISH_TIMEOUT_S = 2.0
+SIZE_PUBLISH_ATTEMPTS = 8
 #: the size forest's error shares, as the label ``within`` of its gauge
 WITHIN = (("0.1", "within_10"), ("0.25", "within_25"), ("0.5", "within_50"))
 
@@ -589,6 +598,25 @@ class PredictorService:
         except (UnknownModelError, ValueError):  # a model without a profile
             value, source = float(record.total_iterations), "declared"
         self.sizes.submitted(job_id, value, source)
+        await self._tell_size(predicted_size(job_id, value, source, time.time()))
+
+    async def _tell_size(self, predicted: SizePredicted) -> None:
+        """Store a job's predicted size in the jobs stream, for the scheduler, retried
+        while the server does not acknowledge it (deduplicated by its message id)."""
+        assert self._stores is not None
+        js = self._stores.js
+        data = codec.encode(predicted)
+        headers = codec.headers({"Nats-Msg-Id": predicted_size_msg_id(predicted.job_id)})
+
+        async def publish() -> None:
+            await js.publish(subjects.job_predicted_size(predicted.job_id), data,
+                             headers=headers, timeout=PUBLISH_TIMEOUT_S)
+
+        delays = itertools.islice(backoff(0.1, 2.0), SIZE_PUBLISH_ATTEMPTS)
+        try:
+            await retry(publish, delays=delays)
+        except Exception as exc:  # NATS away for long: the job keeps its declared size
+            log.warning("predicted size not stored", job_id=predicted.job_id, error=repr(exc))
 
     async def _observe_epochs(self, event: JobProgressEvent) -> None:
         """Add the event's epoch to its job's history (the job's record gives the size

@@ -11,6 +11,11 @@ Our design around `gpusched.libs.core.size_predictor` (the simulator's ``--predi
   (``gpusched.job.<id>.submitted``), reads the job's record and remembers the answer
   ``iterations`` gives for it (`request_of`; the data set is the job's label
   ``dataset``), the newest `MAX_PENDING` jobs at most.
+- **Telling the scheduler**: each prediction at submission is published on
+  ``gpusched.job.<id>.predicted_size`` (`predicted_size`), which the jobs stream stores
+  (``Nats-Msg-Id`` `predicted_size_msg_id`, so a repeat is stored once); the scheduler
+  writes it into the job's record and believes a ``forest`` figure
+  (services/scheduler/state.py, `LiveJob.remaining_s`).
 - **Learning**: a SUCCEEDED job's record gives the iterations it really ran (its last
   progress, else its planned total; `truth_of`). It becomes a training row, its
   remembered prediction is scored against it, and the forest is retrained by
@@ -33,7 +38,12 @@ from typing import Any
 
 import msgspec
 
-from gpusched.libs.common.schemas import JobRecord, PredictRequest, SizeErrorReport
+from gpusched.libs.common.schemas import (
+    JobRecord,
+    PredictRequest,
+    SizeErrorReport,
+    SizePredicted,
+)
 from gpusched.libs.core.jobs import JobSpec
 from gpusched.libs.core.size_predictor import (
     STORED_VERSION,
@@ -126,6 +136,22 @@ def request_of(record: JobRecord) -> PredictRequest:
         tensor_parallel=spec.tensor_parallel,
         pipeline_parallel=spec.pipeline_parallel,
     )
+
+
+def predicted_size(job_id: str, iterations: float, source: str, at: float) -> SizePredicted:
+    """What the scheduler is told of a job's prediction at submission: the forest's
+    figure (source ``forest``), or anything else as the job's declared figure."""
+    return SizePredicted(
+        job_id=job_id,
+        iterations=max(1.0, iterations),
+        source="forest" if source == SOURCE_FOREST else "declared",
+        at=at,
+    )
+
+
+def predicted_size_msg_id(job_id: str) -> str:
+    """The jobs stream's deduplication id of a job's predicted size."""
+    return f"{job_id}-predicted_size"
 
 
 def truth_of(record: JobRecord) -> int:

@@ -53,6 +53,7 @@ from gpusched.libs.common.schemas import (
     ReallocateJob,
     RemainingRequest,
     ResizeJob,
+    SizePredicted,
     StartJob,
     StateChange,
     StopJob,
@@ -80,6 +81,7 @@ from gpusched.services.scheduler.state import (
     build_snapshot,
     consolidated_nodes,
     finish_estimates,
+    remaining_iterations,
 )
 
 log = structlog.get_logger("gpusched.scheduler")
@@ -452,7 +454,7 @@ class LiveScheduler(Actor[Message]):
             model=record.current_spec.model,
             batch_size=record.current_spec.batch_size,
             iteration=iteration,
-            planned=float(max(0, record.total_iterations - iteration)),
+            planned=remaining_iterations(record, iteration),
         )
         try:
             prediction = await self.predictor.remaining(request)
@@ -540,6 +542,8 @@ class LiveScheduler(Actor[Message]):
                 await self._cancel(codec.decode(msg.data, CancelRequest))
             elif event == "exit":
                 await self._exit(codec.decode(msg.data, JobExit))
+            elif event == "predicted_size":
+                await self._size_predicted(codec.decode(msg.data, SizePredicted))
         except msgspec.DecodeError as exc:
             self.log.warning("dropping undecodable message", subject=msg.subject, error=str(exc))
         await msg.ack()
@@ -625,6 +629,21 @@ class LiveScheduler(Actor[Message]):
             return
         await self._write(job, replace(job.record, cancel_requested=True))
         self._stop(job, "cancel")
+
+    async def _size_predicted(self, predicted: SizePredicted) -> None:
+        """Keep the predictor's figure for the job in its record (the first one stands),
+        where a restarted leader finds it; a forest's figure is what the job's estimates
+        believe from now on, whether it waits or runs (state.remaining_iterations)."""
+        if predicted.job_id in self.settled:
+            return
+        job = self.jobs.get(predicted.job_id) or await self._adopt(predicted.job_id)
+        if job is None or job.record.prediction_source is not None:
+            return
+        await self._write(job, replace(job.record, predicted_iterations=predicted.iterations,
+                                       prediction_source=predicted.source))
+        self.log.info("predicted size", job_id=job.id, iterations=round(predicted.iterations),
+                      source=predicted.source, declared=job.record.total_iterations)
+        self._request_round()
 
     async def _exit(self, exit: JobExit) -> None:
         job = self.jobs.get(exit.job_id)

@@ -17,8 +17,10 @@ from gpusched.libs.core.cluster import Allocation, Cluster, HostUse, Node
 from gpusched.libs.core.lifecycle import JobState
 from gpusched.libs.core.perf import CpuMemDemand, PerformanceModel
 from gpusched.libs.core.shape import JobShape
+from gpusched.libs.core.size_predictor import OVERRUN_SHARE
 from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.predictor.cpu_profiles import Sensitivity
+from gpusched.services.predictor.sizes import SOURCE_FOREST
 from gpusched.services.scheduler.policies.base import Policy
 
 
@@ -94,6 +96,31 @@ class Phase(enum.StrEnum):
     STOPPING = "stopping"
 
 
+def believed_iterations(record: JobRecord) -> float:
+    """The iterations the scheduler believes the job runs in all: the size forest's
+    prediction where the predictor gave one (``prediction_source`` ``forest``), never
+    more than the job's own total (its run stops there), else that total."""
+    total = float(record.total_iterations)
+    predicted = record.predicted_iterations
+    if record.prediction_source == SOURCE_FOREST and predicted is not None:
+        return min(predicted, total)
+    return total
+
+
+def remaining_iterations(record: JobRecord, done: int) -> float:
+    """The iterations a job is believed to have left after ``done``. Our rule, the
+    simulator's (``SubmissionSizes.remaining``) for a forest's figure: what is left of
+    the believed total, at least `OVERRUN_SHARE` of it while the job can still run (one
+    that ran past the prediction is not believed finished); with the declared total,
+    what is left of it."""
+    total = record.total_iterations
+    left = max(0, total - done)
+    believed = believed_iterations(record)
+    if believed >= total or left == 0:
+        return float(left)
+    return min(float(left), max(believed - done, OVERRUN_SHARE * believed))
+
+
 @dataclass
 class LiveJob:
     record: JobRecord
@@ -145,7 +172,7 @@ class LiveJob:
         if self.predicted_remaining is not None and self.predicted_run == self.record.run_id:
             since = max(0, self.iteration - self.predicted_at)
             return max(0.0, self.predicted_remaining - since) * self.est_iteration_s
-        return max(0, self.record.total_iterations - self.iteration) * self.est_iteration_s
+        return remaining_iterations(self.record, self.iteration) * self.est_iteration_s
 
     @property
     def gpus(self) -> int:
