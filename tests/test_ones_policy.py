@@ -189,7 +189,7 @@ def test_a_job_may_change_after_one_epoch_where_its_length_is_known():
     slow_epoch = replace(running("slow", 5000.0, (0,)), started_at=0.0, epoch_s=500.0)
     quick_epoch = replace(running("quick", 5000.0, (2,)), started_at=0.0, epoch_s=30.0)
     snap = snapshot(cl, PERF, [], [slow_epoch, quick_epoch], now=100.0)
-    jobs, _ = Ones(min_run_s=60.0)._jobs(snap)
+    jobs, _, _ = Ones(min_run_s=60.0)._jobs(snap)
     kinds = {job.view.job_id: job.kind for job in jobs}
     assert kinds == {"slow": "frozen", "quick": "running"}
 

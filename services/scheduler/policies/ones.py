@@ -63,6 +63,7 @@ from gpusched.services.scheduler.policies.base import (
     exclusive_accum,
     unschedulable_reason,
 )
+from gpusched.services.scheduler.policies.simple import FIFO_ORDER, fifo_key
 
 POPULATION = 16
 CROSSOVERS = 8
@@ -161,7 +162,9 @@ class Ones:
     #: a simulator gives converging jobs the remaining time its progress predictor
     #: sees in their epochs (ONES's fitness counts predicted remaining samples)
     predicts_progress: bool = True
-    queue_sort: QueueSort | None = None
+    #: queued jobs the search sees beyond the idle GPUs (see ``_window``)
+    queue_margin: int = 8
+    queue_sort: QueueSort | None = FIFO_ORDER
     _rng: np.random.Generator = field(init=False, repr=False)
     #: generations in a row that changed nothing (see ``_wake_at``)
     _quiet: int = field(default=0, repr=False)
@@ -173,14 +176,25 @@ class Ones:
     _shape_cache: dict[tuple[str, int, int], tuple[int | None, float]] = field(
         default_factory=dict, repr=False
     )
+    #: why a queued shape (model, GPUs, batch) can never run here (None: it can)
+    _unschedulable: dict[tuple[str, int, int], str | None] = field(
+        default_factory=dict, repr=False
+    )
     #: best fitness of the kept population after each decision (for inspection)
     best_fitness: float = field(default=math.inf, repr=False)
 
     def __post_init__(self) -> None:
+        if self.queue_margin < 0:
+            raise ValueError(f"queue_margin must be at least 0, got {self.queue_margin}")
         self._rng = np.random.default_rng(self.seed)
 
     def scaled(self, time_scale: float) -> Ones:
-        return Ones(seed=self.seed, min_run_s=self.min_run_s * time_scale, name=self.name)
+        return Ones(
+            seed=self.seed,
+            min_run_s=self.min_run_s * time_scale,
+            name=self.name,
+            queue_margin=self.queue_margin,
+        )
 
     @property
     def population(self) -> list[tuple[str | None, ...]]:
@@ -193,8 +207,6 @@ class Ones:
     ) -> tuple[int | None, float]:
         """Accumulation steps that fit the smallest GPU (None: none does) and the
         estimated iteration time, for ``view``'s model at this batch and GPU count."""
-        if self._basis.moved(snapshot):
-            self._shape_cache.clear()
         key = (view.model, batch, gpus)
         found = self._shape_cache.get(key)
         if found is None:
@@ -205,24 +217,44 @@ class Ones:
             found = self._shape_cache[key] = (accum, iter_s)
         return found
 
-    def _jobs(self, snapshot: Snapshot) -> tuple[list[_Job], dict[str, str]]:
+    def _window(self, snapshot: Snapshot, reasons: dict[str, str]) -> tuple[list[JobView], bool]:
+        """The queued jobs this decision's search sees: the first ``free GPUs +
+        queue_margin`` that can run on this cluster, in arrival order (those that never
+        can get their reason), and whether jobs are left behind the window."""
+        room = snapshot.free_gpus + self.queue_margin
+        queue = snapshot.pending
+        if snapshot.queue_order != FIFO_ORDER.name:
+            queue = tuple(sorted(queue, key=fifo_key))
+        seen: list[JobView] = []
+        for view in queue:
+            if len(seen) == room:
+                return seen, True
+            shape = (view.model, view.gpus, view.batch_size)
+            if shape not in self._unschedulable:
+                self._unschedulable[shape] = unschedulable_reason(view, snapshot)
+            bad = self._unschedulable[shape]
+            if bad:
+                reasons[view.job_id] = bad
+            else:
+                seen.append(view)
+        return seen, False
+
+    def _jobs(self, snapshot: Snapshot) -> tuple[list[_Job], dict[str, str], bool]:
         total = snapshot.cluster.total_gpus
         now = snapshot.now
-        present = {v.job_id for v in snapshot.running} | {v.job_id for v in snapshot.pending}
-        for gone in [j for j in self._asked if j not in present]:
-            del self._asked[gone]
+        if self._basis.moved(snapshot):
+            self._shape_cache.clear()
+            self._unschedulable.clear()
+        if len(self._asked) > 2 * (len(snapshot.running) + len(snapshot.pending)) + 64:
+            present = {v.job_id for v in (*snapshot.running, *snapshot.pending)}
+            self._asked = {j: asked for j, asked in self._asked.items() if j in present}
         jobs: list[_Job] = []
         reasons: dict[str, str] = {}
-        pending = sorted(snapshot.pending, key=lambda v: (v.submit_time, v.job_id))
+        pending, behind = self._window(snapshot, reasons)
         for view in (*sorted(snapshot.running, key=lambda v: v.job_id), *pending):
             asked_gpus, asked_batch = self._asked.setdefault(
                 view.job_id, (view.gpus, view.batch_size)
             )
-            if not view.running:
-                bad = unschedulable_reason(view, snapshot)
-                if bad:
-                    reasons[view.job_id] = bad
-                    continue
             base = max(1, asked_batch // asked_gpus)
             largest = max(asked_batch, _largest_useful_batch(snapshot, view.model))
 
@@ -275,7 +307,7 @@ class Ones:
                 _Job(view, asked_gpus, asked_batch, kind, sizes, cost, samples * one_iter / base)
             )
         self._scale_down(snapshot, jobs)
-        return jobs, reasons
+        return jobs, reasons, behind
 
     def _scale_down(self, snapshot: Snapshot, jobs: list[_Job]) -> None:
         """The single largest changeable job, if it holds at least half the cluster and
@@ -426,12 +458,43 @@ class Ones:
         return [scored[k] for k in order[:POPULATION]]
 
     def decide(self, snapshot: Snapshot) -> Decision:
-        jobs, reasons = self._jobs(snapshot)
+        jobs, reasons, behind = self._jobs(snapshot)
+        default = (
+            f"waits behind the first {snapshot.free_gpus + self.queue_margin} queued jobs "
+            f"(idle GPUs plus {self.queue_margin}), the only ones the search sees"
+            if behind
+            else "waiting for the next generation of the search"
+        )
+        if self._settled(snapshot, jobs):
+            if not self._population:
+                now = _Problem(snapshot, jobs).occupancy
+                self._population = [now.copy() for _ in range(POPULATION)]
+                self._population_ids = [job.view.job_id for job in jobs]
+            for job in jobs:
+                if not job.view.running:
+                    reasons[job.view.job_id] = (
+                        f"needs {job.sizes[0]} GPU{'s' if job.sizes[0] > 1 else ''}; every "
+                        "GPU is busy with a job that ran less than an epoch at its size"
+                    )
+            return Decision(
+                reasons=reasons,
+                default_reason=default,
+                wake_at=self._wake_at(snapshot, jobs, False),
+            )
         kept = self._generation(_Problem(snapshot, jobs))
         self._population = [genes for _, genes in kept]
         self._population_ids = [job.view.job_id for job in jobs]
         self.best_fitness, best = kept[0]
-        return self._apply(snapshot, jobs, best, reasons)
+        return self._apply(snapshot, jobs, best, reasons, default)
+
+    @staticmethod
+    def _settled(snapshot: Snapshot, jobs: list[_Job]) -> bool:
+        """Whether no search can change anything: no running job is past its epoch gate
+        and no queued job the search sees fits on the idle GPUs."""
+        if any(job.kind == "running" for job in jobs):
+            return False
+        idle = snapshot.free_gpus
+        return all(job.sizes[0] > idle for job in jobs if job.kind == "new")
 
     def _settling_s(self, view: JobView) -> float:
         """How long a job runs at a shape before it may change: one epoch where the
@@ -456,7 +519,12 @@ class Ones:
         return min([*thaws, snapshot.now + self.min_run_s * backoff])
 
     def _apply(
-        self, snapshot: Snapshot, jobs: list[_Job], best: np.ndarray, reasons: dict[str, str]
+        self,
+        snapshot: Snapshot,
+        jobs: list[_Job],
+        best: np.ndarray,
+        reasons: dict[str, str],
+        default_reason: str,
     ) -> Decision:
         placed: dict[int, tuple[int, ...]] = {}
         for gpu, i in enumerate(best.tolist()):
@@ -508,7 +576,7 @@ class Ones:
             preemptions=tuple(preemptions),
             resizes=tuple(resizes),
             reasons=reasons,
-            default_reason="waiting for the next generation of the search",
+            default_reason=default_reason,
             wake_at=self._wake_at(snapshot, jobs, bool(starts or preemptions or resizes)),
         )
 
