@@ -127,6 +127,15 @@ def build_openapi(models: Iterable[str] = (), version: str = "0.1.0") -> dict[st
         "first; other tenants' jobs do not move"
     )
     detail = components["JobDetail"]["properties"]
+    detail["predicted_iterations"]["description"] = (
+        "The iterations the predictor predicted at submission, written by the scheduler "
+        "(null until it arrives); with `prediction_source` `forest` (the size forest "
+        "learned the job's template) the scheduler's estimates use it, never above "
+        "`total_iterations`; with `declared` it is the job's own figure"
+    )
+    detail["prediction_source"]["description"] = (
+        "`forest` or `declared` (null: no prediction yet)"
+    )
     detail["deadline_likely_met"]["description"] = (
         "null without a deadline or before the scheduler's first estimate; finished: "
         "whether it succeeded by its deadline; running: whether now + predicted remaining "
