@@ -23,10 +23,12 @@ import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from nats.js.api import StreamConfig
 
 from gpusched.libs.common import codec, subjects
-from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.bus import Stores, connection
 from gpusched.libs.common.embedded import NatsServer, wait_until
+from gpusched.libs.common.natsauth import Credentials
 from gpusched.libs.common.schemas import JobRecord, JobState, SizePredicted
 from gpusched.libs.core.size_predictor import OVERRUN_SHARE
 from gpusched.services.admission import AdmissionConfig, AdmissionService
@@ -266,6 +268,24 @@ async def test_a_prediction_that_arrives_while_a_job_runs_re_estimates_it(
 async def _with_prediction(stores: Stores, job_id: str) -> JobRecord | None:
     current = await record(stores, job_id)
     return current if current.prediction_source is not None else None
+
+
+async def test_a_jobs_stream_made_before_predicted_sizes_gets_their_subject_from_the_predictor(
+    tmp_path: Path,
+):
+    # ``gpusched up`` starts the predictor first, as its own NATS user
+    credentials = Credentials.generate([])
+    with NatsServer(store_dir=tmp_path / "nats", users=list(credentials.users.values())) as server:
+        older = [s for s in subjects.JOBS_STREAM_SUBJECTS if s != subjects.ALL_JOB_PREDICTED_SIZES]
+        async with connection(credentials.url("admission", server.url), "older") as nc:
+            await nc.jetstream().add_stream(StreamConfig(name=subjects.JOBS_STREAM,
+                                                         subjects=older))
+        config = PredictorConfig(nats_url=credentials.url("predictor", server.url))
+        async with PredictorService(config), connection(
+            credentials.url("admission", server.url), "reader"
+        ) as nc:
+            info = await nc.jetstream().stream_info(subjects.JOBS_STREAM)
+    assert sorted(info.config.subjects or []) == sorted(subjects.JOBS_STREAM_SUBJECTS)
 
 
 # ---------------------------------------------------------------------- the rule
