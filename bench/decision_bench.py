@@ -3,10 +3,11 @@ half of the GPUs busy. Prints milliseconds per decision for each policy, and the
 machine-speed figure before and after the runs.
 
     python bench/decision_bench.py [--pending 10000] [--nodes 1024] [--repeat 5]
-        [--policy synergy-fifo ...]
+        [--age 0] [--policy synergy-fifo ...]
 
-Without ``--policy`` every policy runs but those in ``TOO_SLOW``, which are named and
-run only when asked for.
+``--age S`` decides S seconds after the running jobs started (ones changes a job only
+after an epoch at its size, ``min_run_s`` = 120 s without an epoch length: with an age
+past that every running job may be resized or preempted, the most work ones does).
 """
 
 from __future__ import annotations
@@ -25,11 +26,9 @@ from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.scheduler.policies import POLICIES, make_policy
 
 GPU_COUNTS = (1, 1, 1, 1, 1, 1, 1, 2, 4, 8)
-#: one decision at the default size takes minutes (ones: over 5 on the 2-core machine)
-TOO_SLOW = ("ones",)
 
 
-def build_snapshot(pending: int, nodes: int, seed: int = 7) -> Snapshot:
+def build_snapshot(pending: int, nodes: int, seed: int = 7, age: float = 0.0) -> Snapshot:
     rng = random.Random(seed)
     perf = load_performance_model(None)
     models = perf.models()
@@ -79,7 +78,7 @@ def build_snapshot(pending: int, nodes: int, seed: int = 7) -> Snapshot:
         )
     node_free = tuple(sum(1 for g in cluster.node_gpus(n) if load[g] == 0) for n in range(nodes))
     return Snapshot(
-        now=0.0,
+        now=age,
         cluster=cluster,
         pending=tuple(queue),
         running=tuple(running),
@@ -96,17 +95,16 @@ def main() -> None:
     parser.add_argument("--pending", type=int, default=10_000)
     parser.add_argument("--nodes", type=int, default=1_024)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--age", type=float, default=0.0)
     parser.add_argument("--policy", action="append", choices=sorted(POLICIES))
     args = parser.parse_args()
-    snapshot = build_snapshot(args.pending, args.nodes)
+    snapshot = build_snapshot(args.pending, args.nodes, age=args.age)
     print(
         f"{args.pending} pending, {len(snapshot.running)} running, "
         f"{snapshot.cluster.total_gpus} GPUs ({snapshot.free_gpus} idle)"
     )
     print(f"{'policy':<12} {'median ms':>10} {'min ms':>8} {'starts':>7} {'shared':>7}")
-    names = args.policy or [name for name in POLICIES if name not in TOO_SLOW]
-    if not args.policy:
-        print(f"skipped (name them with --policy): {', '.join(TOO_SLOW)}")
+    names = args.policy or list(POLICIES)
     for name in names:
         times = []
         decision = None

@@ -47,6 +47,7 @@ Where this differs from the method's description (DESIGN.md section 5, ONES), an
 
 from __future__ import annotations
 
+import heapq
 import math
 import sys
 from collections.abc import Sequence
@@ -138,6 +139,16 @@ class _Problem:
             key=lambda i: (jobs[i].one_gpu_s, jobs[i].view.job_id),
         )
         self.new_jobs = [i for i, j in enumerate(jobs) if j.kind == "new"]
+        #: padding grows the changeable running jobs (``by_one_gpu``) to the largest of
+        #: their sizes up to their current one (0: none is), then to their cap
+        self.growers = np.array(self.by_one_gpu, dtype=np.int64)
+        self.grower_at = {i: k for k, i in enumerate(self.by_one_gpu)}
+        self.grow_current = np.array(
+            [max((n for n in jobs[i].sizes if n <= jobs[i].view.gpus), default=0)
+             for i in self.by_one_gpu],
+            dtype=np.int64,
+        )
+        self.grow_cap = np.array([jobs[i].sizes[-1] for i in self.by_one_gpu], dtype=np.int64)
         self._own: dict[int, np.ndarray] = {}
 
     def own(self, i: int) -> np.ndarray:
@@ -176,6 +187,8 @@ class Ones:
     _shape_cache: dict[tuple[str, int, int], tuple[int | None, float]] = field(
         default_factory=dict, repr=False
     )
+    #: the largest useful global batch of each model (``_largest_useful_batch``)
+    _largest_batch: dict[str, int] = field(default_factory=dict, repr=False)
     #: why a queued shape (model, GPUs, batch) can never run here (None: it can)
     _unschedulable: dict[tuple[str, int, int], str | None] = field(
         default_factory=dict, repr=False
@@ -245,6 +258,7 @@ class Ones:
         if self._basis.moved(snapshot):
             self._shape_cache.clear()
             self._unschedulable.clear()
+            self._largest_batch.clear()
         if len(self._asked) > 2 * (len(snapshot.running) + len(snapshot.pending)) + 64:
             present = {v.job_id for v in (*snapshot.running, *snapshot.pending)}
             self._asked = {j: asked for j, asked in self._asked.items() if j in present}
@@ -256,7 +270,9 @@ class Ones:
                 view.job_id, (view.gpus, view.batch_size)
             )
             base = max(1, asked_batch // asked_gpus)
-            largest = max(asked_batch, _largest_useful_batch(snapshot, view.model))
+            if view.model not in self._largest_batch:
+                self._largest_batch[view.model] = _largest_useful_batch(snapshot, view.model)
+            largest = max(asked_batch, self._largest_batch[view.model])
 
             def batch_at(
                 n: int,
@@ -374,17 +390,25 @@ class Ones:
             if size[i] == 0 and jobs[i].sizes[0] <= free:
                 size[i] = jobs[i].sizes[0]
                 free -= size[i]
-        for limit_of in (lambda j: j.view.gpus, lambda j: j.sizes[-1]):
+        sized = np.array(size, dtype=np.int64)
+        for limits in (p.grow_current, p.grow_cap):
+            gaps = np.maximum(limits - sized[p.growers], 0)
+            need = int(gaps.sum())
+            if need <= free:
+                # room for every job to reach its limit: the walk below would give it
+                sized[p.growers] += gaps
+                free -= need
+                continue
             for i in p.by_one_gpu:
                 if free == 0:
                     break
-                job = jobs[i]
-                room = min(limit_of(job), size[i] + free)
-                fitting = [n for n in job.sizes if size[i] < n <= room]
+                now = int(sized[i])
+                room = min(int(limits[p.grower_at[i]]), now + free)
+                fitting = [n for n in jobs[i].sizes if now < n <= room]
                 if fitting:
-                    free -= fitting[-1] - size[i]
-                    size[i] = fitting[-1]
-        return self._layout(p, np.array(size, dtype=np.int64))
+                    free -= fitting[-1] - now
+                    sized[i] = fitting[-1]
+        return self._layout(p, sized)
 
     def _layout(self, p: _Problem, size: np.ndarray) -> np.ndarray:
         """Contiguous GPUs for every job of ``size``, moving as few as possible: frozen
@@ -397,8 +421,22 @@ class Ones:
         if len(movers) == 0:
             return occ
         movers = movers[np.lexsort((p.id_rank[movers], -size[movers]))]
+        #: free runs as (length, start) while one-GPU jobs with no GPUs of their own are
+        #: placed in a row: each takes the first GPU of the tightest run, as
+        #: ``_best_block`` would (None: to be read from ``occ`` again)
+        runs: list[tuple[int, int]] | None = None
         for i in movers.tolist():
             job = p.jobs[i]
+            if size[i] == 1 and not job.view.gpu_ids:
+                if runs is None:
+                    runs = _free_runs(occ)
+                if runs:
+                    length, start = heapq.heappop(runs)
+                    occ[start] = i
+                    if length > 1:
+                        heapq.heappush(runs, (length - 1, start + 1))
+                continue
+            runs = None
             own = p.own(i) if job.view.gpu_ids else None
             for n in reversed([n for n in job.sizes if n <= size[i]]):
                 block = _best_block(occ, n, own, p.node_of)
@@ -598,6 +636,15 @@ def _doubling_floor(n: int) -> int:
 def _contiguous(ids: Sequence[int]) -> bool:
     ordered = sorted(ids)
     return bool(ordered) and ordered[-1] - ordered[0] == len(ordered) - 1
+
+
+def _free_runs(occ: np.ndarray) -> list[tuple[int, int]]:
+    """The runs of free GPUs as a heap of (length, start)."""
+    edges = np.diff(np.concatenate(([0], (occ == NONE).view(np.int8), [0])))
+    starts = np.flatnonzero(edges == 1)
+    runs = list(zip((np.flatnonzero(edges == -1) - starts).tolist(), starts.tolist(), strict=True))
+    heapq.heapify(runs)
+    return runs
 
 
 def _best_block(
