@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -206,3 +207,34 @@ def test_a_search_that_changes_nothing_wakes_less_and_less_often():
         gaps.append(decision.wake_at - snap.now)
     assert gaps[:3] == [10.0, 10.0, 10.0]
     assert gaps[3:] == [10.0 * 2**k for k in range(1, 6)]
+
+
+def test_a_queued_job_beyond_the_window_waits_with_its_reason_and_starts_once_inside():
+    cl = cluster(1, 4)
+    busy = running("r0", 5000.0, (0,))
+    queue = [pending(f"p{k}", 300.0, submit=float(k)) for k in range(6)]
+    policy = Ones(min_run_s=600.0, queue_margin=1)
+    # 3 idle GPUs + margin 1: the search sees p0-p3; p4 and p5 wait behind the window
+    decision = policy.decide(snapshot(cl, PERF, queue, [busy], now=10.0))
+    assert decision_problems(snapshot(cl, PERF, queue, [busy], now=10.0), decision) == []
+    assert {s.job_id for s in decision.starts} == {"p0", "p1", "p2"}
+    assert "waits behind the first 4 queued jobs" in decision.why("p4")
+    assert "waits behind" not in decision.why("p3")
+    # p0-p3 have gone; p4 enters the window and starts on one GPU
+    later = snapshot(cl, PERF, queue[4:], [busy], now=20.0)
+    decision = policy.decide(later)
+    assert decision_problems(later, decision) == []
+    assert [len(s.gpu_ids) for s in decision.starts if s.job_id == "p4"] == [1]
+
+
+def test_every_job_finishes_when_the_queue_is_longer_than_the_window():
+    trace = [job(f"j{k}", 0.0, 100 + 37 * k, gpus=1 + k % 2, model="ab"[k % 2]) for k in range(12)]
+    recorded = Recorded(Ones(min_run_s=30.0, queue_margin=0))
+    result = simulate(cluster(1, 2, gpu_mem_mb=16_000), trace, recorded, PERF)
+    assert all(o.state == "finished" for o in result.jobs)
+    assert any("waits behind the first" in d.default_reason for d in recorded.decisions)
+
+
+def test_a_negative_queue_margin_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match="queue_margin"):
+        Ones(queue_margin=-1)
