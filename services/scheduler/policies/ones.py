@@ -43,6 +43,21 @@ Where this differs from the method's description (DESIGN.md section 5, ONES), an
   shrink executed jobs, so growth never squeezes out the new jobs padding puts first.
 - The simulator decides only at events, so while jobs run or wait the policy asks to be
   woken every ``min_run_s`` seconds.
+
+What we added so the search scales (ours, not the method's):
+
+- The search sees the running jobs and only the first ``free GPUs + queue_margin``
+  queued jobs in arrival order (every new job starts on one GPU, so padding starts at
+  most that many from the idle GPUs); the rest wait with a reason naming the window.
+  ONES puts every queued job in the genome; a mutant that drops running jobs could then
+  start more queued jobs than the idle GPUs, here at most ``queue_margin`` more.
+- A decision where no running job is past its epoch gate and no job the search sees
+  fits on the idle GPUs runs no generation (none could change anything): it returns the
+  reasons and a wake-up, and keeps the population as it was.
+- Repair works on numpy arrays per decision (sizes, stayers, fitness), grows every job at
+  once where the idle GPUs hold all growth, places one-GPU jobs from a heap of free runs,
+  and repairs equal candidates of a generation once; it lays out exactly as the walk over
+  single GPUs it replaces.
 """
 
 from __future__ import annotations
