@@ -12,10 +12,22 @@ is for the most consolidated one). Pending jobs go in this order:
 4. jobs that can no longer meet their deadline, shortest first (GENIE puts them last).
 
 Each job takes the placement with the least GPU-time that still meets its deadline, else
-the fastest. A job's GPU count is fixed here, so its GPU-time only grows as it spans more
-nodes (all-reduce over the network), and both rules pick the most consolidated placement
-free now: that is what ``place_exclusive`` gives. Non-preemptive; later jobs that fit
-are started past one that does not (backfill).
+the fastest, and that choice is made over time (ours: the paper is silent on when). A
+job's GPU count is fixed here, so its GPU-time only grows as it spans more nodes
+(all-reduce over the network), and the best placement free *now* is the most
+consolidated one (``place_exclusive``). When that one spans more nodes than the fewest
+the job needs (``Cluster.fewest_nodes``), genie also looks at waiting: from the running
+jobs' predicted ends (and this decision's starts) it walks the moments GPUs free up,
+node by node, and at each the fewest nodes that would then hold the job; the run time at
+``n`` nodes is the estimate (for the fewest) scaled by ``iteration_time(n) /
+iteration_time(fewest)``. Of starting now and each later, less spread option, a deadline
+job takes the one with the least GPU-time among those that meet its deadline (the
+earliest of equals), any other job (or one that meets its deadline with none) the one
+that finishes first, starting now on a tie. A job that waits holds the idle GPUs of the
+nodes it waits for: a later job starts there only if it is predicted to end by then,
+and hears "waits for 4 GPUs on one node in ~66 min: finishes sooner than starting now
+across 2 nodes". Only a start that would be spread pays for this look.
+Non-preemptive; later jobs that fit are started past one that does not (backfill).
 
 The admission (ours, not the paper's): GENIE's goal is the share of jobs that meet their
 deadlines, and under overload serving in allowance order lets one big job make several
@@ -51,23 +63,26 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from itertools import chain, islice
+from dataclasses import dataclass, field
+from itertools import chain, islice, tee
 
 from gpusched.libs.core.decision import Decision, Start
 from gpusched.libs.core.placement import FreeGpus
 from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.scheduler.policies.base import (
+    ModelBasis,
     QueueSort,
+    ShapeCache,
     busy_reason,
     by_priority,
     greedy_exclusive,
     has_priorities,
+    model_parallel,
     no_room_reason,
     ordered_pending,
     place_exclusive,
-    unschedulable_reason,
 )
 
 CAN_MEET, NO_DEADLINE, TOO_LATE = 0, 1, 2
@@ -108,6 +123,11 @@ class Genie:
     preemptive: bool = False
     #: False: plain SWAF (no deferral, no held GPUs), for comparison
     admission: bool = True
+    #: False: every job starts at the most consolidated placement free now, however
+    #: spread (no waiting for a consolidated one), for comparison
+    placement_over_time: bool = True
+    _spread: SpreadCost = field(default_factory=lambda: SpreadCost(), compare=False, repr=False)
+    _shapes: ShapeCache = field(default_factory=ShapeCache, compare=False, repr=False)
 
     @property
     def queue_sort(self) -> QueueSort:
@@ -135,13 +155,21 @@ class Genie:
             )
         if has_priorities(snapshot):
             ordered = list(by_priority(list(ordered)))
+        spread = self._spread if self.placement_over_time else None
         if not snapshot.free_gpus:
             # nothing starts, but a job past hope or deferred still hears why it waits
             decision = greedy_exclusive(snapshot, (), backfill=True)
         elif deferred:
-            decision = holding_gpus(snapshot, ordered)
+            decision = placing(snapshot, ordered, self._shapes, hold=True, spread=spread)
+        elif spread is None:
+            decision = greedy_exclusive(snapshot, ordered, backfill=True, shapes=self._shapes)
         else:
-            decision = greedy_exclusive(snapshot, ordered, backfill=True)
+            # the plain scan first: only when one of its starts is spread over more nodes
+            # than the job needs does the placement over time change anything
+            ordered, again = tee(ordered)
+            decision = greedy_exclusive(snapshot, ordered, backfill=True, shapes=self._shapes)
+            if any(spread.is_spread(start, snapshot) for start in decision.starts):
+                decision = placing(snapshot, again, self._shapes, hold=False, spread=spread)
         started = {start.job_id for start in decision.starts}
         reasons = {
             job.job_id: "can no longer meet its deadline: it waits behind every job that can"
@@ -222,11 +250,22 @@ def defer(fixed: Sequence[JobView], skip: int, snapshot: Snapshot) -> dict[str, 
     return {fixed[skip + j].job_id: bisect.bisect_left(slacks, work) for work, j in dropped}
 
 
-def holding_gpus(snapshot: Snapshot, ordered: Iterable[JobView]) -> Decision:
-    """``greedy_exclusive`` with backfill, except that the first deadline job that does
-    not fit and would still meet its deadline at its predicted start (when running jobs
-    and this decision's starts free enough GPUs) holds them: a later job starts only if
-    it ends by then or fits in the GPUs left over at that moment."""
+def placing(
+    snapshot: Snapshot,
+    ordered: Iterable[JobView],
+    shapes: ShapeCache,
+    *,
+    hold: bool,
+    spread: SpreadCost | None,
+) -> Decision:
+    """``greedy_exclusive`` with backfill, and two ways of holding GPUs (see the module).
+
+    With ``hold``, the first deadline job that does not fit and would still meet its
+    deadline at its predicted start (when running jobs and this decision's starts free
+    enough GPUs) holds them: a later job starts only if it ends by then or fits in the
+    GPUs left over at that moment. With ``spread``, a job whose placement now would span
+    more nodes than it needs starts there only if that is its best choice over time;
+    else it waits for a less spread placement and holds the idle GPUs of its nodes."""
     now = snapshot.now
     free = FreeGpus(snapshot)
     starts: list[Start] = []
@@ -234,10 +273,12 @@ def holding_gpus(snapshot: Snapshot, ordered: Iterable[JobView]) -> Decision:
     reasons: dict[str, str] = {}
     held: JobView | None = None
     held_at, spare = 0.0, 0
+    waits = Waits(snapshot, free, shapes)
+    timeline: Timeline | None = None
     for job in ordered:
-        if free.total == 0:
+        if free.total == 0 and not waits.pooled():
             break
-        bad = unschedulable_reason(job, snapshot)
+        bad = shapes.unschedulable(job, snapshot)
         if bad:
             reasons[job.job_id] = bad
             continue
@@ -248,19 +289,310 @@ def holding_gpus(snapshot: Snapshot, ordered: Iterable[JobView]) -> Decision:
                 f"deadline and should have them in {(held_at - now) / 60:.0f} min"
             )
             continue
-        start = place_exclusive(job, free, snapshot)
+        start = waits.place(job, end)
+        if start is not None and spread is not None and spread.is_spread(start, snapshot):
+            waits.give_back(start)
+            if timeline is None:
+                timeline = Timeline(snapshot, free)
+                for earlier, (ends_at, _) in zip(starts, ends, strict=True):
+                    timeline.started(earlier, ends_at)
+            plan = spread.plan(job, start, snapshot, timeline, waits.nodes)
+            if plan is not None:
+                reasons[job.job_id] = waits.wait(job, plan, snapshot)
+                continue
+            start = waits.place(job, end)
         if start is not None:
             starts.append(start)
             ends.append((end, job.gpus))
+            if timeline is not None:
+                timeline.started(start, end)
             if held is not None and end > held_at:
                 spare -= job.gpus
             continue
-        reasons[job.job_id] = no_room_reason(job, free)
-        if held is None and job.deadline is not None:
+        reasons[job.job_id] = waits.held_reason(job) or no_room_reason(job, free)
+        if hold and held is None and job.deadline is not None:
             at, left = gpus_free_at(snapshot, ends, free.total, job.gpus)
             if at + job.remaining_s(now) <= job.deadline:
                 held, held_at, spare = job, at, left
     return Decision(starts=tuple(starts), reasons=reasons, default_reason=busy_reason(snapshot))
+
+
+def predicted_end(job: JobView, now: float) -> float:
+    """When a running job should end: its remaining work at its progress rate (the
+    estimate counts a consolidated placement's seconds; a spread one runs slower)."""
+    left = job.remaining_s(now)
+    rate = job.progress_rate
+    return now + (left / rate if 0 < rate < 1 else left)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where a job waits for a less spread placement: from ``at`` on ``nodes``, finishing
+    at ``finish``; ``spread`` nodes and ``finish_now`` if it started now."""
+
+    at: float
+    nodes: tuple[int, ...]
+    finish: float
+    spread: int
+    finish_now: float
+    #: whether both meet the job's deadline and the wait is chosen for its GPU-time
+    for_gpu_time: bool
+
+
+class Timeline:
+    """When GPUs free up, from the running jobs' predicted ends (GPUs another job also
+    holds never count as freed) and this decision's starts: per node, and for the whole
+    cluster in time order. Built once per decision, when a start would be spread."""
+
+    def __init__(self, snapshot: Snapshot, free: FreeGpus) -> None:
+        now, load, node_of = snapshot.now, snapshot.gpu_load, snapshot.cluster.gpu_node
+        self._free = free
+        self._node_of = node_of
+        self._idle = snapshot.node_free
+        per_node: list[list[tuple[float, int]]] = [[] for _ in snapshot.node_free]
+        for job in snapshot.running:
+            end = predicted_end(job, now)
+            for gpu in job.gpu_ids:  # one entry per GPU: merged by the walks below
+                if load[gpu] == 1:
+                    per_node[node_of[gpu]].append((end, 1))
+        for releases in per_node:
+            releases.sort()
+        self._per_node = per_node
+        #: nodes this decision's starts changed, and those starts' releases
+        self._mine: list[tuple[float, dict[int, int]]] = []
+        self._dirty: set[int] = set()
+        #: GPU count -> (when each node first has that many idle, node), soonest first
+        self._by_time: dict[int, list[tuple[float, int]]] = {}
+
+    def started(self, start: Start, end: float) -> None:
+        freed: dict[int, int] = {}
+        for gpu in start.gpu_ids:
+            freed[self._node_of[gpu]] = freed.get(self._node_of[gpu], 0) + 1
+        self._mine.append((end, freed))
+        self._dirty.update(freed)
+
+    @staticmethod
+    def _when(idle: int, releases: Iterable[tuple[float, int]], gpus: int) -> float:
+        if idle >= gpus:
+            return -math.inf
+        for end, count in releases:
+            idle += count
+            if idle >= gpus:
+                return end
+        return math.inf
+
+    def one_node(self, gpus: int, held: set[int]) -> tuple[float, int] | None:
+        """The soonest moment one node not in ``held`` has ``gpus`` idle, and the node."""
+        order = self._by_time.get(gpus)
+        if order is None:
+            order = self._by_time[gpus] = sorted(
+                (self._when(self._idle[node], releases, gpus), node)
+                for node, releases in enumerate(self._per_node)
+            )
+        best: tuple[float, int] | None = None
+        for at, node in order:
+            if at == math.inf:
+                break
+            if node not in held and node not in self._dirty:
+                best = (at, node)
+                break
+        if self._dirty:
+            idle = self._free.free_per_node()
+            for node in self._dirty - held:
+                mine = [(end, freed[node]) for end, freed in self._mine if node in freed]
+                at = self._when(idle[node], sorted(self._per_node[node] + mine), gpus)
+                if at < math.inf and (best is None or (at, node) < best):
+                    best = (at, node)
+        return best
+
+    def nodes(self, gpus: int, most: int, held: set[int]) -> tuple[float, tuple[int, ...]] | None:
+        """The soonest moment ``gpus`` idle GPUs lie on ``most`` nodes not in ``held``,
+        and those nodes (a job wider than a node; walks the moments in time order)."""
+        idle = self._free.free_per_node()
+        for node in held:
+            idle[node] = -1
+        events = sorted(
+            chain(
+                ((end, node, count) for node, ends in enumerate(self._per_node)
+                 for end, count in ends),
+                ((end, node, count) for end, freed in self._mine for node, count in freed.items()),
+            )
+        )  # fmt: skip
+        for at, node, count in events:
+            if idle[node] < 0:
+                continue
+            idle[node] += count
+            chosen = fewest_holding(idle, gpus)
+            if chosen is not None and len(chosen) <= most:
+                return at, chosen
+        return None
+
+
+class Waits:
+    """The jobs of one decision that wait for a less spread placement, and the idle GPUs
+    of the nodes they wait for, taken out of ``free`` until a job that ends in time
+    needs them."""
+
+    def __init__(self, snapshot: Snapshot, free: FreeGpus, shapes: ShapeCache) -> None:
+        self._free = free
+        self._shapes = shapes
+        self._snapshot = snapshot
+        self._node_of = snapshot.cluster.gpu_node
+        self.now = snapshot.now
+        #: (job, plan, idle GPUs held on its nodes)
+        self.held: list[tuple[JobView, Plan, list[int]]] = []
+        self.nodes: set[int] = set()
+
+    def place(self, job: JobView, end: float) -> Start | None:
+        """``job`` on the GPUs not held, else, if it ends before every held placement it
+        would touch is due, on held ones too."""
+        free = self._free
+        start = place_exclusive(job, free, self._snapshot, self._shapes)
+        if start is not None or not self.held:
+            return start
+        usable = [i for i, (_, plan, gpus) in enumerate(self.held) if end <= plan.at and gpus]
+        if not usable or job.gpus > free.total + sum(len(self.held[i][2]) for i in usable):
+            return None
+        for i in usable:
+            free.give_back(self.held[i][2], self._node_of)
+        start = place_exclusive(job, free, self._snapshot, self._shapes)
+        for i in usable:  # take back what it left idle on those nodes
+            waiting, plan, _ = self.held[i]
+            self.held[i] = (waiting, plan, self._take_idle(plan.nodes))
+        return start
+
+    def pooled(self) -> int:
+        """Idle GPUs held for the waiting jobs."""
+        return sum(len(gpus) for _, _, gpus in self.held)
+
+    def idle_per_node(self) -> list[int]:
+        """Idle GPUs per node, -1 on the nodes held for a waiting job."""
+        idle = self._free.free_per_node()
+        for node in self.nodes:
+            idle[node] = -1
+        return idle
+
+    def give_back(self, start: Start) -> None:
+        self._free.give_back(start.gpu_ids, self._node_of)
+
+    def _take_idle(self, nodes: tuple[int, ...]) -> list[int]:
+        idle = self._free.free_per_node()
+        return self._free.take_ranks([node for node in nodes for _ in range(idle[node])])
+
+    def wait(self, job: JobView, plan: Plan, snapshot: Snapshot) -> str:
+        """Hold the idle GPUs of ``plan``'s nodes for ``job``; why it waits."""
+        self.held.append((job, plan, self._take_idle(plan.nodes)))
+        self.nodes.update(plan.nodes)
+        where = "one node" if len(plan.nodes) == 1 else f"{len(plan.nodes)} nodes"
+        why = (
+            "meets its deadline with less GPU-time than"
+            if plan.for_gpu_time
+            else "finishes sooner than"
+        )
+        return (
+            f"waits for {job.gpus} GPUs on {where} in ~{(plan.at - self.now) / 60:.0f} min: "
+            f"{why} starting now across {plan.spread} nodes"
+        )
+
+    def held_reason(self, job: JobView) -> str | None:
+        """Why ``job``, which did not fit, waits, where held GPUs would have made room."""
+        if not self.held or job.gpus > self._free.total + sum(len(g) for _, _, g in self.held):
+            return None
+        waiting, plan, _ = self.held[0]
+        return (
+            f"GPUs are held for {waiting.job_id}, which waits for a less spread placement "
+            f"in {(plan.at - self.now) / 60:.0f} min"
+        )
+
+
+class SpreadCost:
+    """A job's run time at ``n`` nodes over its run time at the fewest it needs, per
+    job shape, for one cluster and performance model; and the choice over time."""
+
+    def __init__(self) -> None:
+        self._basis = ModelBasis()
+        self._ratio: dict[tuple[str, int, int, int, int], float] = {}
+
+    def ratio(self, job: JobView, nodes: int, accum: int, snapshot: Snapshot) -> float:
+        if self._basis.moved(snapshot):
+            self._ratio.clear()
+        key = (job.model, job.batch_size, job.gpus, nodes, accum)
+        try:
+            return self._ratio[key]
+        except KeyError:
+            perf, fewest = snapshot.estimates, snapshot.cluster.fewest_nodes(job.gpus)
+            at = perf.iteration_time(job.model, job.batch_size, job.gpus, nodes, accum)
+            best = perf.iteration_time(job.model, job.batch_size, job.gpus, fewest, accum)
+            ratio = self._ratio[key] = at / best if best > 0 else 1.0
+            return ratio
+
+    @staticmethod
+    def is_spread(start: Start, snapshot: Snapshot) -> bool:
+        """Whether ``start`` spans more nodes than the job needs (a model-parallel job is
+        placed by the mapper and left to it)."""
+        cluster = snapshot.cluster
+        gpus = len(start.gpu_ids)
+        if gpus == 1:
+            return False
+        job = snapshot.job(start.job_id)
+        if model_parallel(job) > 1:
+            return False
+        return cluster.nodes_spanned(start.gpu_ids) > cluster.fewest_nodes(gpus)
+
+    def plan(self, job: JobView, start: Start, snapshot: Snapshot, timeline: Timeline,
+             held: set[int]) -> Plan | None:  # fmt: skip
+        """Where ``job`` should wait instead of starting at ``start`` (spread), or None
+        if starting now is its best choice (see the module)."""
+        now, cluster = snapshot.now, snapshot.cluster
+        run = job.remaining_s(now)
+        accum = start.accum_steps
+        spread = cluster.nodes_spanned(start.gpu_ids)
+        cost_now = self.ratio(job, spread, accum, snapshot)
+        if cost_now <= 1.0:
+            return None  # as fast spread: nothing to wait for
+        finish_now = now + run * cost_now
+        deadline = job.deadline
+        # waiting past this cannot finish sooner, nor meet the deadline
+        horizon = max(finish_now, deadline if deadline is not None else -math.inf) - run
+        fewest = cluster.fewest_nodes(job.gpus)
+        nodes: tuple[int, ...]
+        if fewest == 1:
+            found = timeline.one_node(job.gpus, held)
+            if found is None or found[0] > horizon:
+                return None
+            at, nodes = found[0], (found[1],)
+        else:
+            wide = timeline.nodes(job.gpus, fewest, held)
+            if wide is None or wide[0] > horizon:
+                return None
+            at, nodes = wide
+        at = max(at, now)
+        finish = at + run
+        meets_now = deadline is not None and finish_now <= deadline
+        meets = deadline is not None and finish <= deadline
+        # of those that meet the deadline the least GPU-time (consolidated), else the
+        # soonest finish, starting now on a tie
+        if (meets_now and not meets) or (not meets and finish >= finish_now):
+            return None
+        return Plan(at, nodes, finish, spread, finish_now, meets and meets_now)
+
+
+def fewest_holding(idle: list[int], gpus: int) -> tuple[int, ...] | None:
+    """The fewest nodes whose idle GPUs hold ``gpus``: the best-fit node if one does,
+    else the nodes with the most idle first, lowest index on ties; None if all together
+    do not. A node marked -1 is held for another job."""
+    fits = [(count, node) for node, count in enumerate(idle) if count >= gpus]
+    if fits:
+        return (min(fits)[1],)
+    total, chosen = 0, []
+    for node in sorted(range(len(idle)), key=lambda node: -idle[node]):
+        if idle[node] <= 0:
+            break
+        chosen.append(node)
+        total += idle[node]
+        if total >= gpus:
+            return tuple(chosen)
+    return None
 
 
 def gpus_free_at(
