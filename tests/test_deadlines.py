@@ -361,3 +361,85 @@ def test_under_overload_genie_holds_gpus_for_a_wide_deadline_job_past_shorter_ba
     )
     plain = Genie(admission=False).decide(snap)
     assert [s.job_id for s in plain.starts] == ["huge"]
+
+
+#: a placement over two nodes runs 1.5 times longer than on one
+SPREAD = TablePerf(iter_s={"a": 1.0}, spread_penalty=1.5)
+
+
+def _spread_race(r1_s: float, policy: Policy) -> dict[str, JobOutcome]:
+    """Two nodes of 4 GPUs. At 0, `r1` (3 GPUs, ``r1_s``) takes GPUs 0-2 and `r2` (3 GPUs,
+    1000 s) GPUs 4-6. At 1, `wide` (2 GPUs, 400 s on one node) finds GPUs 3 and 7 idle,
+    one on each node: 600 s there, or 400 s on node 0 once r1 ends."""
+    jobs = [
+        job("r1", iterations=int(r1_s), gpus=3),
+        job("r2", iterations=1000, gpus=3),
+        job("wide", submit=1.0, iterations=400, gpus=2),
+    ]
+    return {o.job_id: o for o in simulate(cluster(2, 4), jobs, policy, SPREAD).jobs}
+
+
+def test_genie_waits_for_one_node_when_that_finishes_sooner_than_starting_across_two():
+    # at 1: across two nodes it ends at 1 + 400 x 1.5 = 601; node 0 is free at 100 (r1's
+    # end), and 100 + 400 = 500 < 601, so it waits and ends at 500
+    outcomes = _spread_race(100.0, make_policy("genie"))
+    assert (outcomes["wide"].start_time, outcomes["wide"].finish_time) == (100.0, 500.0)
+    spread = _spread_race(100.0, Genie(placement_over_time=False))["wide"]
+    assert (spread.start_time, spread.finish_time) == (1.0, 601.0)
+
+
+def test_genie_starts_across_two_nodes_when_waiting_for_one_would_finish_later():
+    # r1 runs 500 s: one node at 500 ends wide at 900, after 601 across two nodes
+    outcomes = _spread_race(500.0, make_policy("genie"))
+    assert (outcomes["wide"].start_time, outcomes["wide"].finish_time) == (1.0, 601.0)
+
+
+def _spread_snapshot(wide_deadline: float | None, r1_s: float = 100.0) -> Snapshot:
+    """The race above at 0 as a snapshot, `wide` queued with ``wide_deadline`` and behind
+    it three 1-GPU jobs without one: `quick` (50 s), `quick2` (60 s), `long` (500 s)."""
+    return snapshot(
+        cluster(2, 4),
+        SPREAD,
+        [replace(pending("wide", 400.0, gpus=2), deadline=wide_deadline),
+         pending("quick", 50.0, submit=1.0), pending("quick2", 60.0, submit=2.0),
+         pending("long", 500.0, submit=3.0)],
+        [running("r1", r1_s, (0, 1, 2)), running("r2", 1000.0, (4, 5, 6))],
+    )  # fmt: skip
+
+
+def test_a_waiting_job_holds_its_node_for_jobs_that_end_before_it_is_due():
+    # wide (deadline 700) meets it both ways: across two nodes at 600 (1.5 x 400 GPU-s
+    # more), on node 0 at 500. It waits and holds GPU 3; quick takes GPU 7, quick2 (ends
+    # at 60, before 100) GPU 3, and long (ends at 500) is kept off it
+    snap = _spread_snapshot(700.0)
+    decision = make_policy("genie").decide(snap)
+    assert {s.job_id: s.gpu_ids for s in decision.starts} == {"quick": (7,), "quick2": (3,)}
+    assert decision.why("wide") == (
+        "waits for 2 GPUs on one node in ~2 min: meets its deadline with less GPU-time "
+        "than starting now across 2 nodes"
+    )
+    assert decision.why("long") == "all GPUs are busy or held for wide, which waits for fewer nodes"
+    plain = Genie(placement_over_time=False).decide(snap)
+    assert {s.job_id: s.gpu_ids for s in plain.starts} == {"wide": (3, 7)}
+
+
+@pytest.mark.parametrize(
+    ("deadline", "r1_s", "waits"),
+    [
+        (None, 100.0, True),  # 500 against 600: sooner
+        (None, 250.0, False),  # 650 against 600
+        (550.0, 250.0, False),  # both miss it (600, 650): the sooner finish
+        (620.0, 250.0, False),  # only starting now meets it
+        (650.0, 250.0, True),  # both meet it: one node costs less GPU-time
+    ],
+)
+def test_genie_picks_between_starting_spread_and_waiting_by_deadline_then_finish(
+    deadline: float | None, r1_s: float, waits: bool
+):
+    snap = _spread_snapshot(deadline, r1_s)
+    snap = replace(snap, pending=snap.pending[:1])  # wide alone
+    decision = make_policy("genie").decide(snap)
+    started = {s.job_id for s in decision.starts}
+    assert ("wide" not in started) is waits
+    if waits:
+        assert decision.why("wide").startswith("waits for 2 GPUs on one node")

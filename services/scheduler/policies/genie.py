@@ -276,8 +276,10 @@ def placing(
     waits = Waits(snapshot, free, shapes)
     timeline: Timeline | None = None
     for job in ordered:
-        if free.total == 0 and not waits.pooled():
-            break
+        if free.total == 0 and not waits.usable_by(job):
+            if not waits.pooled:
+                break
+            continue  # only a job that ends in time may use held GPUs: the default reason
         bad = shapes.unschedulable(job, snapshot)
         if bad:
             reasons[job.job_id] = bad
@@ -314,7 +316,11 @@ def placing(
             at, left = gpus_free_at(snapshot, ends, free.total, job.gpus)
             if at + job.remaining_s(now) <= job.deadline:
                 held, held_at, spare = job, at, left
-    return Decision(starts=tuple(starts), reasons=reasons, default_reason=busy_reason(snapshot))
+    default = busy_reason(snapshot)
+    if waits.held:
+        first = waits.held[0][0].job_id
+        default = f"all GPUs are busy or held for {first}, which waits for fewer nodes"
+    return Decision(starts=tuple(starts), reasons=reasons, default_reason=default)
 
 
 def predicted_end(job: JobView, now: float) -> float:
@@ -442,13 +448,20 @@ class Waits:
         #: (job, plan, idle GPUs held on its nodes)
         self.held: list[tuple[JobView, Plan, list[int]]] = []
         self.nodes: set[int] = set()
+        #: idle GPUs held, and the latest moment a held placement is due
+        self.pooled = 0
+        self._latest = -math.inf
+
+    def usable_by(self, job: JobView) -> bool:
+        """Whether held GPUs might make room for ``job`` (a cheap first look)."""
+        return job.gpus <= self.pooled and self.now + job.remaining_s(self.now) <= self._latest
 
     def place(self, job: JobView, end: float) -> Start | None:
         """``job`` on the GPUs not held, else, if it ends before every held placement it
         would touch is due, on held ones too."""
         free = self._free
         start = place_exclusive(job, free, self._snapshot, self._shapes)
-        if start is not None or not self.held:
+        if start is not None or end > self._latest or job.gpus > free.total + self.pooled:
             return start
         usable = [i for i, (_, plan, gpus) in enumerate(self.held) if end <= plan.at and gpus]
         if not usable or job.gpus > free.total + sum(len(self.held[i][2]) for i in usable):
@@ -459,11 +472,8 @@ class Waits:
         for i in usable:  # take back what it left idle on those nodes
             waiting, plan, _ = self.held[i]
             self.held[i] = (waiting, plan, self._take_idle(plan.nodes))
+        self.pooled = sum(len(gpus) for _, _, gpus in self.held)
         return start
-
-    def pooled(self) -> int:
-        """Idle GPUs held for the waiting jobs."""
-        return sum(len(gpus) for _, _, gpus in self.held)
 
     def idle_per_node(self) -> list[int]:
         """Idle GPUs per node, -1 on the nodes held for a waiting job."""
@@ -481,8 +491,11 @@ class Waits:
 
     def wait(self, job: JobView, plan: Plan, snapshot: Snapshot) -> str:
         """Hold the idle GPUs of ``plan``'s nodes for ``job``; why it waits."""
-        self.held.append((job, plan, self._take_idle(plan.nodes)))
+        taken = self._take_idle(plan.nodes)
+        self.held.append((job, plan, taken))
         self.nodes.update(plan.nodes)
+        self.pooled += len(taken)
+        self._latest = max(self._latest, plan.at)
         where = "one node" if len(plan.nodes) == 1 else f"{len(plan.nodes)} nodes"
         why = (
             "meets its deadline with less GPU-time than"
@@ -496,7 +509,7 @@ class Waits:
 
     def held_reason(self, job: JobView) -> str | None:
         """Why ``job``, which did not fit, waits, where held GPUs would have made room."""
-        if not self.held or job.gpus > self._free.total + sum(len(g) for _, _, g in self.held):
+        if not self.pooled or job.gpus > self._free.total + self.pooled:
             return None
         waiting, plan, _ = self.held[0]
         return (
