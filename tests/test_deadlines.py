@@ -210,6 +210,8 @@ def _queue(specs: list[tuple[int, int, int | None]], now: int, busy: int) -> Sna
         for i, (gpus, run, deadline) in enumerate(specs)
     ]
     blockers = [running("r", 1000.0, tuple(range(busy)))] if busy else []
+    # PERF runs a job as fast across nodes as on one, so genie's placement over time
+    # never waits here: these tests check the order and the admission
     return snapshot(cluster(2, 4), PERF, jobs, blockers, now=float(now))
 
 

@@ -16,16 +16,18 @@ the fastest, and that choice is made over time (ours: the paper is silent on whe
 job's GPU count is fixed here, so its GPU-time only grows as it spans more nodes
 (all-reduce over the network), and the best placement free *now* is the most
 consolidated one (``place_exclusive``). When that one spans more nodes than the fewest
-the job needs (``Cluster.fewest_nodes``), genie also looks at waiting: from the running
-jobs' predicted ends (and this decision's starts) it walks the moments GPUs free up,
-node by node, and at each the fewest nodes that would then hold the job; the run time at
-``n`` nodes is the estimate (for the fewest) scaled by ``iteration_time(n) /
-iteration_time(fewest)``. Of starting now and each later, less spread option, a deadline
-job takes the one with the least GPU-time among those that meet its deadline (the
-earliest of equals), any other job (or one that meets its deadline with none) the one
-that finishes first, starting now on a tie. A job that waits holds the idle GPUs of the
-nodes it waits for: a later job starts there only if it is predicted to end by then,
-and hears "waits for 4 GPUs on one node in ~66 min: finishes sooner than starting now
+the job needs (``Cluster.fewest_nodes``), genie also looks at waiting for that many:
+from the running jobs' predicted ends (at their progress rate) and this decision's
+starts it finds, node by node, the soonest moment such a placement is idle; the run
+time across ``n`` nodes is the estimate (for the fewest) scaled by
+``iteration_time(n) / iteration_time(fewest)``. Of starting now and waiting, a deadline
+job takes the one with the least GPU-time among those that meet its deadline (so it
+waits when both do), any other job (or one that meets its deadline neither way) the one
+that finishes first, starting now on a tie. Intermediate placements (fewer nodes than
+now, more than the fewest) are not looked at: measured, they gained little and cost much
+(docs/results.md). A job that waits holds the idle GPUs of the nodes it waits for: a
+later job starts there only if it is predicted to end by then, and the job hears
+"waits for 4 GPUs on one node in ~66 min: finishes sooner than starting now
 across 2 nodes". Only a start that would be spread pays for this look.
 Non-preemptive; later jobs that fit are started past one that does not (backfill).
 
