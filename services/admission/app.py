@@ -331,6 +331,11 @@ class AdmissionApi:
                 )
                 data = codec.encode(record)
                 try:
+                    # indexed first: a record whose submission event the scheduler never
+                    # takes (this instance dies before publishing, or the event of an
+                    # attempt whose record was withdrawn is consumed before the retry's
+                    # duplicate is dropped) is adopted by its periodic rescan
+                    await self.stores.mark_live(job_id)
                     # ids are built subject-safe here; skip the client's regex check on
                     # the hot path
                     revision = await self.stores.jobs.create(job_id, data, validate_keys=False)
