@@ -355,8 +355,8 @@ class AdmissionApi:
                     # a record that could not be withdrawn keeps its reservation: the
                     # scheduler adopts it, or reconciliation frees it once it is gone
                     owned = await self._withdraw(job_id, revision)
-                    log.warning("submission not published; record withdrawn",
-                                job_id=job_id, error=repr(exc))
+                    log.warning("submission not published", job_id=job_id,
+                                record_withdrawn=owned, error=repr(exc))
                     raise _unavailable() from None
                 owned = False
                 break
