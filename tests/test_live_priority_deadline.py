@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 
+from gpusched.libs.common.embedded import wait_until
 from gpusched.libs.core.groundtruth import load_performance_model
 from gpusched.services.cli.up import LocalCluster, UpConfig
 from tests.test_live_http import record_when, submit
@@ -141,3 +142,25 @@ async def test_a_deadline_already_past_is_refused_naming_the_field(
         assert problem["detail"].startswith("deadline:") and "past" in problem["detail"]
         async with session.get(f"{url}/v1/jobs") as response:
             assert (await response.json())["jobs"] == []
+
+
+async def test_a_priority_the_leading_policy_cannot_honour_is_refused_naming_the_field(
+    nats_server, tmp_path, monkeypatch
+):
+    async with one_gpu(nats_server, tmp_path, monkeypatch, "ones") as (session, url):
+
+        async def leading() -> bool:
+            async with session.get(f"{url}/v1/dashboard/scheduler") as response:
+                return (await response.json()).get("policy") == "ones"
+
+        # admission asks the leading scheduler; before one leads, a job is taken
+        await wait_until(leading, timeout_s=STEP_S, every_s=0.1)
+        async with session.post(f"{url}/v1/jobs", json=job("urgent", priority=5)) as response:
+            problem = await response.json()
+            assert response.status == 422, problem
+        assert problem["field"] == "priority"
+        assert "ones does not honour priorities" in problem["detail"]
+        async with session.post(f"{url}/v1/jobs", json=job("plain")) as response:
+            assert response.status == 201, await response.text()
+        async with session.get(f"{url}/v1/jobs") as response:
+            assert [j["spec"]["name"] for j in (await response.json())["jobs"]] == ["plain"]

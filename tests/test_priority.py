@@ -4,6 +4,7 @@ priority 0 each policy decides exactly as it did without the priority pass."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -218,3 +219,29 @@ def test_with_every_priority_0_every_policy_decides_as_without_the_priority_pass
     forced = make_policy(name).decide(replace(snap, prioritized=True))
 
     _same_decision(without, forced, snap)
+
+
+def test_simulate_refuses_a_priority_the_named_policy_cannot_honour_and_leaves_it_out_otherwise(
+    tmp_path,
+):
+    from typer.testing import CliRunner
+
+    from gpusched.services.cli.main import app
+
+    trace = tmp_path / "trace.csv"
+    write_native(trace, [
+        TraceJob("a", 0.0, 1, model="resnet50", duration_s=60.0, user="A"),
+        TraceJob("b", 1.0, 1, model="resnet50", duration_s=60.0, user="A", priority=3),
+    ])  # fmt: skip
+    common = ["simulate", "--trace", str(trace), "--format", "native", "--cluster", "1x2"]
+    refused = CliRunner().invoke(app, [*common, "--policy", "ones", "--out", str(tmp_path / "o")])
+    assert refused.exit_code == 2, refused.output
+    assert "priority: policy ones does not honour priorities" in refused.output
+    assert not (tmp_path / "o" / "summary.json").exists()
+
+    out = tmp_path / "all"
+    ran = CliRunner().invoke(app, [*common, "--out", str(out)])
+    assert ran.exit_code == 0, ran.output
+    assert "left out: priority: policy ones" in ran.output
+    ran_policies = set(json.loads((out / "summary.json").read_text())["policies"])
+    assert "ones" not in ran_policies and {"fifo", "asrpt", "genie"} <= ran_policies

@@ -36,6 +36,7 @@ from gpusched.services.admission import params, problems, quota
 from gpusched.services.admission.auth import Authenticator
 from gpusched.services.admission.config import OPEN_TENANT, AdmissionConfig
 from gpusched.services.admission.ids import idempotent_job_id, is_job_id, new_job_id
+from gpusched.services.admission.leader import leader_status
 from gpusched.services.admission.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gpusched.services.admission.metrics import UNMATCHED_ROUTE, Metrics
 from gpusched.services.admission.openapi import build_openapi
@@ -294,6 +295,14 @@ class AdmissionApi:
             raise _unavailable()
         return await self._admit(tenant, spec, iterations, key)
 
+    async def _check_priority_honoured(self) -> None:
+        """A priority the leading scheduler's policy cannot honour is refused, not
+        stored to be ignored; without a leader's answer the job is taken (a policy that
+        honours it may lead by the time it runs)."""
+        _, status = await leader_status(self.nc, self.stores.lease)
+        if status.get("honours_priority") is False:
+            raise _priority_refused(str(status.get("policy")))
+
     async def _admit(
         self, tenant: str, spec: JobSpec, iterations: int, key: str | None
     ) -> web.Response:
@@ -303,6 +312,8 @@ class AdmissionApi:
             if stored is not None:
                 return await self._replay(stored, tenant, spec)
         _check_deadline(spec, now())
+        if spec.priority:
+            await self._check_priority_honoured()
         for attempt in range(3):
             if attempt and key is None:
                 job_id = new_job_id()
@@ -675,6 +686,16 @@ def _json_response(
         status=status,
         body=_json.encode(value),
         headers={hdrs.CONTENT_TYPE: "application/json", **(headers or {})},
+    )
+
+
+def _priority_refused(policy: str) -> ProblemError:
+    return ProblemError(
+        422,
+        "invalid-field",
+        f"priority: the scheduler's policy {policy} does not honour priorities (it re-plans "
+        "every job's size); submit with priority 0 or run a policy that orders by it",
+        field="priority",
     )
 
 

@@ -19,20 +19,17 @@ import asyncio
 import bisect
 import contextlib
 import importlib.resources
-import json
 import time
 from collections.abc import Iterable
 from typing import Any
 
 import msgspec
-import nats.errors
 import structlog
 from aiohttp import ClientConnectionResetError, hdrs, web
 from nats.aio.msg import Msg
-from nats.js.errors import KeyDeletedError, KeyNotFoundError
 
-from gpusched.libs.common import codec, subjects
-from gpusched.libs.common.schemas import DecisionSummary, JobProgressEvent, JobStateEvent, Lease
+from gpusched.libs.common import subjects
+from gpusched.libs.common.schemas import DecisionSummary, JobProgressEvent, JobStateEvent
 from gpusched.services.admission.app import (
     _STOP_STREAM,
     EVENT_STREAM_HEADERS,
@@ -46,6 +43,7 @@ from gpusched.services.admission.app import (
     _send,
     _unavailable,
 )
+from gpusched.services.admission.leader import leader_status
 
 log = structlog.get_logger("gpusched.admission")
 
@@ -68,8 +66,6 @@ SECURITY_HEADERS = {
 #: submissions are counted in this many buckets of this many seconds, newest last
 BUCKET_S = 60
 BUCKETS = 60
-#: how long the scheduler leader gets to answer its status request
-STATUS_TIMEOUT_S = 1.0
 ALL_DECISIONS = f"{subjects.PREFIX}.scheduler.*.decision"
 
 _json = msgspec.json.Encoder()
@@ -170,26 +166,9 @@ class Dashboard:
     async def scheduler(self, request: web.Request) -> web.Response:
         if not self.api.nc.is_connected:
             raise _unavailable()
-        try:
-            entry = await self.api.stores.lease.get(subjects.SCHEDULER_LEASE_KEY)
-        except (KeyNotFoundError, KeyDeletedError):
+        lease, status = await leader_status(self.api.nc, self.api.stores.lease)
+        if lease is None:
             return _json_response(SchedulerView())
-        if entry.value is None:
-            return _json_response(SchedulerView())
-        try:
-            lease = codec.decode(entry.value, Lease)
-        except msgspec.MsgspecError:
-            return _json_response(SchedulerView())
-        status: dict[str, Any] = {}
-        try:
-            reply = await self.api.nc.request(
-                subjects.scheduler_status(lease.holder), b"", timeout=STATUS_TIMEOUT_S
-            )
-            status = json.loads(reply.data)
-        except (nats.errors.Error, TimeoutError, ValueError) as exc:
-            log.debug("scheduler status not answered", leader=lease.holder, error=repr(exc))
-        if not isinstance(status, dict):
-            status = {}
         return _json_response(
             SchedulerView(
                 leader=lease.holder,

@@ -278,6 +278,7 @@ def simulate(
         jobs = workload.jobs
         if slack is not None:
             jobs = with_deadlines(jobs, truth, built, slack, seed)
+        names = _honouring_priorities(names, jobs, explicit=bool(policy), notes=err_console)
         config = SimConfig(
             restart_overhead_s=restart_overhead, round_s=round_s, predictor=predictor
         )
@@ -529,6 +530,32 @@ def _with_extras(names: list[str], explicit: bool, notes: Console) -> list[str]:
             notes.print(Text(f"left out: {exc}", style="dim"), soft_wrap=True)
             continue
         kept.append(name)
+    return kept
+
+
+def _honouring_priorities(
+    names: list[str], jobs: Sequence[JobSpec], explicit: bool, notes: Console
+) -> list[str]:
+    """With jobs that carry a priority, a policy that cannot honour one named with
+    --policy stops the run (naming the field), and one that came with the default list
+    of all is left out with a note."""
+    from gpusched.services.scheduler.policies import honours_priority, make_policy
+    from gpusched.services.scheduler.runner import InputError
+
+    if not any(job.priority for job in jobs):
+        return names
+    kept = []
+    for name in names:
+        if honours_priority(make_policy(name)):
+            kept.append(name)
+            continue
+        problem = (
+            f"priority: policy {name} does not honour priorities (it re-plans every job's "
+            "size) and the trace gives some jobs one"
+        )
+        if explicit:
+            raise InputError(problem)
+        notes.print(Text(f"left out: {problem}", style="dim"), soft_wrap=True)
     return kept
 
 

@@ -71,7 +71,7 @@ from gpusched.services.predictor.cpu_profiles import Sensitivity
 from gpusched.services.scheduler.config import SchedulerConfig
 from gpusched.services.scheduler.lease import LeaderLease
 from gpusched.services.scheduler.metrics import SchedulerMetrics
-from gpusched.services.scheduler.policies import make_policy
+from gpusched.services.scheduler.policies import honours_priority, make_policy
 from gpusched.services.scheduler.state import (
     Layout,
     LiveJob,
@@ -1262,6 +1262,7 @@ class SchedulerService:
             "rounds": live.rounds if live else None,
             "last_decide_ms": live.last_decide_ms if live else None,
             "refused_decisions": live.refused_decisions if live else None,
+            "honours_priority": honours_priority(live.policy) if live else None,
         }
 
     async def _status(self, request: micro.Request) -> None:

@@ -30,6 +30,12 @@ POLICIES: dict[str, Callable[[], Policy]] = {
 }
 
 
+def honours_priority(policy: Policy) -> bool:
+    """Whether the policy orders jobs by their ``priority`` (every policy but those that
+    say otherwise with a ``honours_priority`` attribute)."""
+    return bool(getattr(policy, "honours_priority", True))
+
+
 class UnknownPolicyError(ValueError):
     def __init__(self, name: str) -> None:
         super().__init__(f"unknown policy {name!r}; valid policies: {', '.join(POLICIES)}")
@@ -58,4 +64,11 @@ def make_policy(
     return policy
 
 
-__all__ = ["POLICIES", "RESIDENT_CAP_POLICIES", "Policy", "UnknownPolicyError", "make_policy"]
+__all__ = [
+    "POLICIES",
+    "RESIDENT_CAP_POLICIES",
+    "Policy",
+    "UnknownPolicyError",
+    "honours_priority",
+    "make_policy",
+]

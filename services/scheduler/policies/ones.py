@@ -8,9 +8,11 @@ each changeable job with probability 0.3, every candidate repaired (sizes onto t
 doubling ladder, padded in three passes, laid out contiguously with few moves), and the
 best 16 of the 48 kept. The best individual is applied.
 
-``JobView.priority`` is ignored here (our choice): the search re-plans every job's size
+Priorities cannot be honoured here (our choice): the search re-plans every job's size
 each generation, so there is no queue order whose places a tenant's priorities could
-refill (docs/architecture.md, Priorities).
+refill. ``honours_priority = False`` says so, and jobs with one are refused instead
+(admission while this policy leads, ``gpusched simulate``; docs/architecture.md,
+Priorities).
 
 Fitness (lower is better) is the predicted remaining GPU-seconds of the jobs:
 ``n x remaining samples / throughput at n``, with remaining samples = remaining iterations
@@ -185,6 +187,9 @@ class Ones:
     min_run_s: float = 120.0
     name: str = "ones"
     preemptive: bool = True
+    #: the search re-plans every job's size, so a job's priority cannot order it: a job
+    #: with one is refused (admission, simulate) rather than silently ignored
+    honours_priority: bool = False
     #: a simulator gives converging jobs the remaining time its progress predictor
     #: sees in their epochs (ONES's fitness counts predicted remaining samples)
     predicts_progress: bool = True
