@@ -43,12 +43,14 @@ from tests.test_nodeagent_service import (
 )
 
 #: appends its progress and a "done" line, after saving its environment beside its
-#: checkpoints and saying hello on stdout
+#: checkpoints (one file per rank: a job on several GPUs runs one process on each) and
+#: saying hello on stdout
 FINISHES = r"""
 import json, os, time
 env = {k: v for k, v in os.environ.items() if k.startswith("GPUSCHED_")}
 env["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES")
-with open(os.path.join(os.environ["GPUSCHED_CHECKPOINT_DIR"], "env.json"), "w") as f:
+rank = os.environ.get("RANK", "0")
+with open(os.path.join(os.environ["GPUSCHED_CHECKPOINT_DIR"], f"env-{rank}.json"), "w") as f:
     json.dump(env, f)
 print("hello from the job", flush=True)
 total = int(os.environ["GPUSCHED_TOTAL_ITERATIONS"])
@@ -155,7 +157,10 @@ async def test_a_command_gets_the_job_environment_and_succeeds(
     exit = await stored_exit(stores, "envjob")
     assert (exit.outcome, exit.exit_code, exit.iteration, exit.run_id) == ("succeeded", 0, 6, 4)
     job_dir = config.work_dir / "envjob"
-    env = json.loads((job_dir / "ckpt" / "env.json").read_text())
+    env = json.loads((job_dir / "ckpt" / "env-0.json").read_text())
+    # the second GPU's process: the same contract, but only rank 0 reports progress
+    second = json.loads((job_dir / "ckpt" / "env-1.json").read_text())
+    assert second == {**env, "GPUSCHED_PROGRESS_FILE": os.devnull}
     assert env == {
         "GPUSCHED_JOB_ID": "envjob",
         "GPUSCHED_RUN_ID": "4",
