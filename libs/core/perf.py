@@ -126,3 +126,36 @@ class ConvergenceSource(Protocol):
     def convergence(self, model: str) -> Convergence | None:
         """The convergence curve of ``model``; None where its jobs run fixed iterations."""
         ...
+
+
+class DelegatingModel:
+    """A :class:`PerformanceModel` that answers everything from ``inner``: the base of a
+    wrapper that changes some answers (it overrides just those methods)."""
+
+    def __init__(self, inner: PerformanceModel) -> None:
+        self.inner = inner
+
+    def models(self) -> tuple[str, ...]:
+        return self.inner.models()
+
+    def default_batch_size(self, model: str) -> int:
+        return self.inner.default_batch_size(model)
+
+    def iteration_time(
+        self, model: str, batch_size: int, gpus: int, nodes: int, accum_steps: int = 1
+    ) -> float:
+        return self.inner.iteration_time(model, batch_size, gpus, nodes, accum_steps)
+
+    def colocation_slowdown(self, shape: JobShape, partner: JobShape) -> float:
+        return self.inner.colocation_slowdown(shape, partner)
+
+    def gpu_memory_mb(self, model: str, per_gpu_batch: float) -> float:
+        return self.inner.gpu_memory_mb(model, per_gpu_batch)
+
+    def cpu_mem_speedup(
+        self, model: str, gpus: int, cpus_per_gpu: float, mem_gb_per_gpu: float
+    ) -> float:
+        return self.inner.cpu_mem_speedup(model, gpus, cpus_per_gpu, mem_gb_per_gpu)
+
+    def cpu_mem_demand(self, model: str) -> CpuMemDemand:
+        return self.inner.cpu_mem_demand(model)

@@ -44,10 +44,9 @@ from gpusched.libs.common.schemas import (
     JobStateEvent,
     LinkProfile,
 )
-from gpusched.libs.core.perf import CpuMemDemand, PerformanceModel
+from gpusched.libs.core.perf import DelegatingModel, PerformanceModel
 from gpusched.libs.core.platform import PlatformModel, fit_link
 from gpusched.libs.core.profiles.builtin import Network, load_builtin
-from gpusched.libs.core.shape import JobShape
 from gpusched.services.predictor.model import BaselinePredictor
 
 #: in the predictor's bucket: the stored compute profiles and link measurement
@@ -84,7 +83,7 @@ def compute_line(profile: ComputeProfile) -> tuple[float, float]:
     return t0, slope
 
 
-class ComputeProfiled:
+class ComputeProfiled(DelegatingModel):
     """A performance model whose iteration times of the profiled models come from their
     compute profiles and the platform model (see the module); the rest from ``inner``."""
 
@@ -94,7 +93,7 @@ class ComputeProfiled:
         profiles: Mapping[str, ComputeProfile],
         network: Network | None = None,
     ) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.profiles = dict(profiles)
         self.network = network or configured_network()
         self._lines = {model: compute_line(p) for model, p in self.profiles.items()}
@@ -132,26 +131,6 @@ class ComputeProfiled:
             )
             self._cache[key] = found
         return found
-
-    def models(self) -> tuple[str, ...]:
-        return self.inner.models()
-
-    def default_batch_size(self, model: str) -> int:
-        return self.inner.default_batch_size(model)
-
-    def colocation_slowdown(self, shape: JobShape, partner: JobShape) -> float:
-        return self.inner.colocation_slowdown(shape, partner)
-
-    def gpu_memory_mb(self, model: str, per_gpu_batch: float) -> float:
-        return self.inner.gpu_memory_mb(model, per_gpu_batch)
-
-    def cpu_mem_speedup(
-        self, model: str, gpus: int, cpus_per_gpu: float, mem_gb_per_gpu: float
-    ) -> float:
-        return self.inner.cpu_mem_speedup(model, gpus, cpus_per_gpu, mem_gb_per_gpu)
-
-    def cpu_mem_demand(self, model: str) -> CpuMemDemand:
-        return self.inner.cpu_mem_demand(model)
 
 
 def with_compute_profile(model: PerformanceModel, profile: ComputeProfile) -> ComputeProfiled:

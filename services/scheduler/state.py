@@ -15,8 +15,7 @@ from typing import Any
 from gpusched.libs.common.schemas import JobRecord, NodeInfo, Placement
 from gpusched.libs.core.cluster import Allocation, Cluster, HostUse, Node
 from gpusched.libs.core.lifecycle import JobState
-from gpusched.libs.core.perf import CpuMemDemand, PerformanceModel
-from gpusched.libs.core.shape import JobShape
+from gpusched.libs.core.perf import CpuMemDemand, DelegatingModel, PerformanceModel
 from gpusched.libs.core.size_predictor import OVERRUN_SHARE
 from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.predictor.cpu_profiles import Sensitivity
@@ -24,7 +23,7 @@ from gpusched.services.predictor.sizes import SOURCE_FOREST
 from gpusched.services.scheduler.policies.base import Policy
 
 
-class ScaledModel:
+class ScaledModel(DelegatingModel):
     """A performance model whose times are in wall seconds of a sped-up cluster, and
     whose CPU/memory sensitivity of a model comes from the profile a node measured where
     there is one (``measured``, by model; see services/predictor/cpu_profiles.py)."""
@@ -35,7 +34,7 @@ class ScaledModel:
         time_scale: float,
         measured: Mapping[str, Sensitivity] | None = None,
     ) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.time_scale = time_scale
         self.measured: Mapping[str, Sensitivity] = dict(measured or {})
 
@@ -46,24 +45,12 @@ class ScaledModel:
             self.inner, self.time_scale, {**self.measured, sensitivity.model: sensitivity}
         )
 
-    def models(self) -> tuple[str, ...]:
-        return self.inner.models()
-
-    def default_batch_size(self, model: str) -> int:
-        return self.inner.default_batch_size(model)
-
     def iteration_time(
         self, model: str, batch_size: int, gpus: int, nodes: int, accum_steps: int = 1
     ) -> float:
         return self.inner.iteration_time(model, batch_size, gpus, nodes, accum_steps) * (
             self.time_scale
         )
-
-    def colocation_slowdown(self, shape: JobShape, partner: JobShape) -> float:
-        return self.inner.colocation_slowdown(shape, partner)
-
-    def gpu_memory_mb(self, model: str, per_gpu_batch: float) -> float:
-        return self.inner.gpu_memory_mb(model, per_gpu_batch)
 
     def cpu_mem_speedup(
         self, model: str, gpus: int, cpus_per_gpu: float, mem_gb_per_gpu: float
