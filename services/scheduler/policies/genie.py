@@ -197,12 +197,19 @@ def deferred_reason(crowded: int) -> str:
     return f"deferred: running it now would make {crowded} {jobs} miss"
 
 
+def running_ends(snapshot: Snapshot) -> list[tuple[float, int]]:
+    """Each running job's predicted end (its remaining time from now, as estimated) and
+    the GPUs it frees then."""
+    now = snapshot.now
+    return [(now + job.remaining_s(now), job.gpus) for job in snapshot.running]
+
+
 def capacity(snapshot: Snapshot) -> tuple[list[float], list[float], list[int]]:
     """The virtual machine's capacity from ``now``: at ``times[k]`` it has given
     ``gpu_s[k]`` GPU-seconds and gives ``rate[k]`` GPUs from then on (the idle ones,
     plus each running job's at its predicted end)."""
     now = snapshot.now
-    ends = sorted((now + job.remaining_s(now), job.gpus) for job in snapshot.running)
+    ends = sorted(running_ends(snapshot))
     times, gpu_s, rate = [now], [0.0], [snapshot.free_gpus]
     for end, gpus in ends:
         gpu_s.append(gpu_s[-1] + rate[-1] * (end - times[-1]))
@@ -615,8 +622,7 @@ def gpus_free_at(
 ) -> tuple[float, int]:
     """When ``need`` GPUs are idle (``idle`` now, more as the running jobs and this
     decision's ``starts`` end at their predicted times), and how many beyond ``need``."""
-    now = snapshot.now
-    ends = sorted([(now + job.remaining_s(now), job.gpus) for job in snapshot.running] + starts)
+    ends = sorted(running_ends(snapshot) + starts)
     for end, gpus in ends:
         idle += gpus
         if idle >= need:
