@@ -445,3 +445,58 @@ def test_genie_picks_between_starting_spread_and_waiting_by_deadline_then_finish
     assert ("wide" not in started) is waits
     if waits:
         assert decision.why("wide").startswith("waits for 2 GPUs on one node")
+
+
+@st.composite
+def _crowded_spread_snapshots(draw: st.DrawFn) -> Snapshot:
+    """Three nodes of 4 GPUs partly held by running jobs, a queue of 1- to 8-GPU jobs
+    with and without deadlines, on a model that runs slower spread: jobs wait for fewer
+    nodes, hold GPUs and are passed over."""
+    now = draw(st.integers(0, 300))
+    free = list(range(12))
+    held = []
+    for i in range(draw(st.integers(0, 5))):
+        size = draw(st.sampled_from([1, 2, 3]))
+        if size > len(free):
+            break
+        gpus = tuple(free[:size]) if draw(st.booleans()) else tuple(free[-size:])
+        free = [g for g in free if g not in gpus]
+        held.append(running(f"r{i}", float(draw(st.integers(10, 900))), gpus))
+    queue = [
+        replace(
+            pending(f"j{i}", float(run), gpus=gpus, submit=float(i)),
+            deadline=None if deadline is None else float(now + deadline),
+        )
+        for i, (gpus, run, deadline) in enumerate(
+            draw(
+                st.lists(
+                    st.tuples(
+                        st.sampled_from([1, 1, 2, 3, 4, 6, 8]),
+                        st.integers(1, 900),
+                        st.one_of(st.none(), st.integers(1, 2_000)),
+                    ),
+                    max_size=14,
+                )
+            )
+        )
+    ]
+    return snapshot(cluster(3, 4), SPREAD, queue, held, now=float(now))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_crowded_spread_snapshots(), st.booleans())
+def test_passing_over_jobs_that_cannot_start_early_changes_no_outcome_or_reason(
+    snap: Snapshot, hold: bool
+):
+    from gpusched.services.scheduler.policies.base import ShapeCache
+    from gpusched.services.scheduler.policies.genie import SpreadCost, placing
+
+    def decide(skip_early: bool) -> Decision:
+        return placing(
+            snap, sorted(snap.pending, key=slack_key), ShapeCache(), hold=hold,
+            spread=SpreadCost(), skip_early=skip_early,
+        )  # fmt: skip
+
+    fast, plain = decide(True), decide(False)
+    _same(fast, plain, snap)
+    assert fast.default_reason == plain.default_reason

@@ -699,3 +699,37 @@ def test_with_a_resident_slowdown_cap_the_short_roads_pick_what_the_heap_search_
                 JobShape(a.model, a.batch_size, a.gpus, start.accum_steps),
             )
             assert slowdown <= cap
+
+
+def _greedy_writing_every_reason(snap: Snapshot, ordered: list[JobView]) -> Decision:
+    """A backfilling greedy scan that tries every job and writes each reason at once."""
+    free = FreeGpus(snap)
+    starts: list[Start] = []
+    reasons: dict[str, str] = {}
+    for j in ordered:
+        if free.total == 0:
+            break
+        bad = unschedulable_reason(j, snap)
+        if bad:
+            reasons[j.job_id] = bad
+            continue
+        start = place_exclusive(j, free, snap)
+        if start is None:
+            reasons[j.job_id] = no_room_reason(j, free)
+        else:
+            starts.append(start)
+    return Decision(tuple(starts), reasons=reasons, default_reason=busy_reason(snap))
+
+
+@SETTINGS
+@given(snap=ranked_snapshots())
+def test_a_greedy_scan_passing_over_jobs_too_wide_for_the_idle_gpus_reads_as_trying_each(
+    snap: Snapshot,
+):
+    from gpusched.services.scheduler.policies.base import greedy_exclusive
+
+    ordered = sorted(snap.pending, key=lambda j: (j.submit_time, j.job_id))
+    same_decision(
+        greedy_exclusive(snap, ordered, backfill=True), _greedy_writing_every_reason(snap, ordered),
+        snap,
+    )  # fmt: skip

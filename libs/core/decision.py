@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from types import MappingProxyType
 
 from gpusched.libs.core.cluster import HostUse
@@ -104,6 +105,9 @@ class _Held:
     mem_gb: float | None = None
 
 
+_cpus_of, _mem_of = attrgetter("cpus"), attrgetter("mem_gb")
+
+
 class _Booking:
     """The snapshot's GPUs as a decision changes them, action by action, in the order a
     driver applies it. Only what the decision touches is copied, so checking costs the
@@ -194,7 +198,7 @@ class _Booking:
             return 0
         if self._holders is None:
             running = self.snapshot.running
-            if all(view.cpus is None and view.mem_gb is None for view in running):
+            if set(map(_cpus_of, running)) <= {None} and set(map(_mem_of, running)) <= {None}:
                 # every running job holds the proportional share: each GPU's load counts
                 self._holders = {}
                 self._all_share = True

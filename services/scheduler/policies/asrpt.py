@@ -38,6 +38,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
+from operator import itemgetter
 
 from gpusched.libs.core.decision import Decision
 from gpusched.libs.core.snapshot import JobView, Snapshot
@@ -49,8 +50,13 @@ from gpusched.services.scheduler.policies.base import (
 )
 from gpusched.services.scheduler.policies.preemptive import Moved, Ranked, decide_by_rank
 
-#: ranks of running jobs that may not be preempted come before every other rank
-KEEP, CONTEST = 0, 1
+#: the rank's work of a running job that may not be preempted: below every real amount
+#: of work (>= 0), so such jobs rank before every other job. One float rather than a
+#: (tier, work) pair keeps a rank's first item distinct, which sorts several times faster
+KEEP = -1.0
+
+
+_rank_of = itemgetter(0)
 
 
 def virtual_work(job: JobView, remaining_s: float) -> float:
@@ -59,9 +65,9 @@ def virtual_work(job: JobView, remaining_s: float) -> float:
     return job.gpus * remaining_s
 
 
-def _queued_key(job: JobView, restart_s: float) -> tuple[int, float, float, str]:
+def _queued_key(job: JobView, restart_s: float) -> tuple[float, float, str]:
     restore = restart_s if job.preemptions else 0.0
-    return (CONTEST, virtual_work(job, job.est_remaining_s + restore), job.submit_time, job.job_id)
+    return (virtual_work(job, job.est_remaining_s + restore), job.submit_time, job.job_id)
 
 
 def asrpt_order(restart_s: float) -> QueueSort:
@@ -135,18 +141,21 @@ class Asrpt:
             floor = 0.0
         else:
             floor = self.restart_s / self.max_restart_share if self.max_restart_share else math.inf
-        preemptive = self.preemptive
+        if not self.preemptive:
+            floor = math.inf
+        rank = running.append
         for j in snapshot.running:
             left = j.est_remaining_s - (now - j.as_of) * j.progress_rate
-            left = left if left > 0.0 else 0.0
-            tier = CONTEST if preemptive and left >= floor else KEEP
-            running.append(((tier, j.gpus * left, j.submit_time, j.job_id), j))
-        running.sort()
+            if left < floor:  # (floor > 0 here unless left is 0 or below)
+                rank(((KEEP if floor > 0.0 else 0.0, j.submit_time, j.job_id), j))
+            else:
+                rank(((j.gpus * left, j.submit_time, j.job_id), j))
+        running.sort(key=_rank_of)
         pending: Iterable[Ranked]
         if snapshot.queue_order == order.name:  # already in rank order: keys made lazily
             pending = ((order.key(j), j) for j in snapshot.pending)
         else:
-            pending = sorted((order.key(j), j) for j in snapshot.pending)
+            pending = sorted(((order.key(j), j) for j in snapshot.pending), key=_rank_of)
         if has_priorities(snapshot):  # a tenant's ranks by priority (base.by_priority_ranked);
             # a running job that may not be preempted keeps its rank
             kept = [r for r in running if r[0][0] == KEEP]

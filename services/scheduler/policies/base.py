@@ -305,25 +305,34 @@ def model_parallel(job: JobView) -> int:
     return degree if degree > 1 and job.gpus % degree == 0 else 1
 
 
-class _GreedyReasons(Mapping[str, str]):
+class SkippedReasons(Mapping[str, str]):
     """A greedy scan's reasons, the "needs N GPUs" sentences written only when asked
     for: a backfilling scan over a long queue skips most jobs, and a simulator asks why
     about few of them. Each skipped job keeps the idle GPUs and largest idle block of
-    the moment it was skipped, so its sentence is the one the scan would have written."""
+    the moment it was skipped, so its sentence is the one the scan would have written;
+    a job whose shape can never run says that instead (looked up when asked, too)."""
 
-    __slots__ = ("_explicit", "_skipped")
+    __slots__ = ("_explicit", "_shapes", "_skipped", "_snapshot")
 
     def __init__(
-        self, explicit: dict[str, str], skipped: dict[str, tuple[int, int, int]]
+        self,
+        explicit: dict[str, str],
+        skipped: dict[str, tuple[JobView, int, int]],
+        shapes: ShapeCache,
+        snapshot: Snapshot,
     ) -> None:
         self._explicit = explicit
         self._skipped = skipped
+        self._shapes = shapes
+        self._snapshot = snapshot
 
     def __getitem__(self, job_id: str) -> str:
         found = self._explicit.get(job_id)
         if found is not None:
             return found
-        return no_room_text(*self._skipped[job_id])
+        job, idle, block = self._skipped[job_id]
+        bad = self._shapes.unschedulable(job, self._snapshot)
+        return bad or no_room_text(job.gpus, idle, block)
 
     def __iter__(self) -> Iterator[str]:
         yield from self._explicit
@@ -351,13 +360,18 @@ def greedy_exclusive(
     free = FreeGpus(snapshot)
     starts: list[Start] = []
     explicit: dict[str, str] = {}
-    skipped: dict[str, tuple[int, int, int]] = {}
+    skipped: dict[str, tuple[JobView, int, int]] = {}
     #: the largest idle block, worked out again only after a start changes it
     block = -1
     blocker: JobView | None = None
     for job in ordered:
         if free.total == 0:
             break
+        if backfill and job.gpus > free.total:  # skipped: why is written when asked for
+            if block < 0:
+                block = free.largest_block()
+            skipped[job.job_id] = (job, free.total, block)
+            continue
         bad = shapes.unschedulable(job, snapshot)
         if bad:
             explicit[job.job_id] = bad
@@ -369,12 +383,12 @@ def greedy_exclusive(
             continue
         if block < 0:
             block = free.largest_block()
-        skipped[job.job_id] = (job.gpus, free.total, block)
+        skipped[job.job_id] = (job, free.total, block)
         if not backfill:
             blocker = job
             break
     default = busy_reason(snapshot)
     if blocker is not None:
         default = f"behind {blocker.job_id} in queue order, which needs {blocker.gpus} GPUs"
-    reasons = _GreedyReasons(explicit, skipped) if skipped else explicit
+    reasons = SkippedReasons(explicit, skipped, shapes, snapshot) if skipped else explicit
     return Decision(starts=tuple(starts), reasons=reasons, default_reason=default)

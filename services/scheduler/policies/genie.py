@@ -77,6 +77,7 @@ from gpusched.services.scheduler.policies.base import (
     ModelBasis,
     QueueSort,
     ShapeCache,
+    SkippedReasons,
     busy_reason,
     by_priority,
     greedy_exclusive,
@@ -266,6 +267,7 @@ def placing(
     *,
     hold: bool,
     spread: SpreadCost | None,
+    skip_early: bool = True,
 ) -> Decision:
     """``greedy_exclusive`` with backfill, and two ways of holding GPUs (see the module).
 
@@ -274,7 +276,10 @@ def placing(
     enough GPUs) holds them: a later job starts only if it ends by then or fits in the
     GPUs left over at that moment. With ``spread``, a job whose placement now would span
     more nodes than it needs starts there only if that is its best choice over time;
-    else it waits for a less spread placement and holds the idle GPUs of its nodes."""
+    else it waits for a less spread placement and holds the idle GPUs of its nodes.
+
+    ``skip_early`` passes over a job that cannot start, once that is plain, writing
+    only why it waits (off, every job goes through every step: the same outcome)."""
     now = snapshot.now
     free = FreeGpus(snapshot)
     starts: list[Start] = []
@@ -284,11 +289,31 @@ def placing(
     held_at, spare = 0.0, 0
     waits = Waits(snapshot, free, shapes)
     timeline: Timeline | None = None
+    skipped: dict[str, tuple[JobView, int, int]] = {}
+    block = -1  # the largest idle block when jobs were last skipped; -1: work it out
     for job in ordered:
         if free.total == 0 and not waits.usable_by(job):
             if not waits.pooled:
                 break
             continue  # only a job that ends in time may use held GPUs: the default reason
+        if (
+            skip_early
+            and job.gpus > free.total
+            and held is None
+            and not (hold and job.deadline is not None)
+        ):
+            # it holds no GPUs and cannot start but on held ones: what the steps below
+            # would do comes down to why it waits
+            if job.gpus > free.total + waits.pooled:  # not even on held ones
+                if block < 0:
+                    block = free.largest_block()
+                skipped[job.job_id] = (job, free.total, block)  # written when asked for
+                continue
+            if now + job.remaining_s(now) > waits.latest:  # ends too late to use them
+                bad = shapes.unschedulable(job, snapshot)
+                reasons[job.job_id] = bad or waits.held_reason(job) or no_room_reason(job, free)
+                continue
+        block = -1  # what follows may change the idle GPUs
         bad = shapes.unschedulable(job, snapshot)
         if bad:
             reasons[job.job_id] = bad
@@ -329,7 +354,8 @@ def placing(
     if waits.held:
         first = waits.held[0][0].job_id
         default = f"all GPUs are busy or held for {first}, which waits for fewer nodes"
-    return Decision(starts=tuple(starts), reasons=reasons, default_reason=default)
+    explained = SkippedReasons(reasons, skipped, shapes, snapshot) if skipped else reasons
+    return Decision(starts=tuple(starts), reasons=explained, default_reason=default)
 
 
 def predicted_end(job: JobView, now: float) -> float:
@@ -366,10 +392,14 @@ class Timeline:
         self._idle = snapshot.node_free
         per_node: list[list[tuple[float, int]]] = [[] for _ in snapshot.node_free]
         for job in snapshot.running:
-            end = predicted_end(job, now)
+            # predicted_end, inlined: this runs for every running job
+            rate = job.progress_rate
+            left = job.est_remaining_s - (now - job.as_of) * rate
+            end = now + (0.0 if left <= 0.0 else left / rate if 0 < rate < 1 else left)
+            entry = (end, 1)
             for gpu in job.gpu_ids:  # one entry per GPU: merged by the walks below
                 if load[gpu] == 1:
-                    per_node[node_of[gpu]].append((end, 1))
+                    per_node[node_of[gpu]].append(entry)
         for releases in per_node:
             releases.sort()
         self._per_node = per_node
@@ -459,18 +489,19 @@ class Waits:
         self.nodes: set[int] = set()
         #: idle GPUs held, and the latest moment a held placement is due
         self.pooled = 0
-        self._latest = -math.inf
+        self.latest = -math.inf
+        self._held_text = ""
 
     def usable_by(self, job: JobView) -> bool:
         """Whether held GPUs might make room for ``job`` (a cheap first look)."""
-        return job.gpus <= self.pooled and self.now + job.remaining_s(self.now) <= self._latest
+        return job.gpus <= self.pooled and self.now + job.remaining_s(self.now) <= self.latest
 
     def place(self, job: JobView, end: float) -> Start | None:
         """``job`` on the GPUs not held, else, if it ends before every held placement it
         would touch is due, on held ones too."""
         free = self._free
         start = place_exclusive(job, free, self._snapshot, self._shapes)
-        if start is not None or end > self._latest or job.gpus > free.total + self.pooled:
+        if start is not None or end > self.latest or job.gpus > free.total + self.pooled:
             return start
         usable = [i for i, (_, plan, gpus) in enumerate(self.held) if end <= plan.at and gpus]
         if not usable or job.gpus > free.total + sum(len(self.held[i][2]) for i in usable):
@@ -504,7 +535,7 @@ class Waits:
         self.held.append((job, plan, taken))
         self.nodes.update(plan.nodes)
         self.pooled += len(taken)
-        self._latest = max(self._latest, plan.at)
+        self.latest = max(self.latest, plan.at)
         where = "one node" if len(plan.nodes) == 1 else f"{len(plan.nodes)} nodes"
         why = (
             "meets its deadline with less GPU-time than"
@@ -520,11 +551,13 @@ class Waits:
         """Why ``job``, which did not fit, waits, where held GPUs would have made room."""
         if not self.pooled or job.gpus > self._free.total + self.pooled:
             return None
-        waiting, plan, _ = self.held[0]
-        return (
-            f"GPUs are held for {waiting.job_id}, which waits for a less spread placement "
-            f"in {(plan.at - self.now) / 60:.0f} min"
-        )
+        if not self._held_text:  # the first held job stays first: one sentence for all
+            waiting, plan, _ = self.held[0]
+            self._held_text = (
+                f"GPUs are held for {waiting.job_id}, which waits for a less spread "
+                f"placement in {(plan.at - self.now) / 60:.0f} min"
+            )
+        return self._held_text
 
 
 class SpreadCost:

@@ -23,7 +23,7 @@ import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 from gpusched.libs.core.decision import Decision, Preempt, Start
 from gpusched.libs.core.placement import FreeGpus
@@ -44,6 +44,7 @@ RankKey = Callable[[JobView], tuple]
 
 
 _gpus_of = attrgetter("gpus")
+_rank, _view = itemgetter(0), itemgetter(1)
 _job_id = attrgetter("job_id")
 
 
@@ -85,8 +86,8 @@ def decide_by_rank(
     winners: list[JobView] = []
     losers_running: list[JobView] = []
     if run_keys is None or run_gpus is None:
-        run_keys = [key for key, _ in running]
-        run_gpus = [held.gpus for _, held in running]
+        run_keys = list(map(_rank, running))
+        run_gpus = list(map(_gpus_of, map(_view, running)))
     # until a queued job wins, every running job fits when together they hold at most
     # the cluster (no GPU shared), so a stretch of them costs a sum rather than a walk
     contested = sum(run_gpus) > budget
