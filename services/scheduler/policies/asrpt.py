@@ -134,22 +134,26 @@ class Asrpt:
 
     def decide(self, snapshot: Snapshot) -> Decision:
         now, order = snapshot.now, self._order
-        running: list[Ranked] = []
-        # cheapest restart share a victim may have; JobView.remaining_s, inlined (it is
-        # worked out for every running job at every decision)
+        # the least predicted remaining time a victim may have
         if self.restart_s == 0:
             floor = 0.0
         else:
             floor = self.restart_s / self.max_restart_share if self.max_restart_share else math.inf
         if not self.preemptive:
             floor = math.inf
-        rank = running.append
-        for j in snapshot.running:
-            left = j.est_remaining_s - (now - j.as_of) * j.progress_rate
-            if left < floor:  # (floor > 0 here unless left is 0 or below)
-                rank(((KEEP if floor > 0.0 else 0.0, j.submit_time, j.job_id), j))
-            else:
-                rank(((j.gpus * left, j.submit_time, j.job_id), j))
+        # one comprehension per case, JobView.remaining_s inlined in the first: this runs
+        # for every running job at every decision
+        if floor > 0.0:  # a job with no work left is kept too
+            running: list[Ranked] = [
+                ((j.gpus * left if left >= floor else KEEP, j.submit_time, j.job_id), j)
+                for j in snapshot.running
+                for left in (j.est_remaining_s - (now - j.as_of) * j.progress_rate,)
+            ]
+        else:
+            running = [
+                ((j.gpus * j.remaining_s(now), j.submit_time, j.job_id), j)
+                for j in snapshot.running
+            ]
         running.sort(key=_rank_of)
         pending: Iterable[Ranked]
         if snapshot.queue_order == order.name:  # already in rank order: keys made lazily
