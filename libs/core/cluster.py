@@ -94,6 +94,11 @@ class Cluster:
         return min(n.gpu_mem_mb for n in self.nodes if n.gpus) if self.total_gpus else 0
 
     @cached_property
+    def node_sizes(self) -> tuple[int, ...]:
+        """GPUs of every node, by node index."""
+        return tuple(n.gpus for n in self.nodes)
+
+    @cached_property
     def max_gpus_per_node(self) -> int:
         return max(n.gpus for n in self.nodes)
 

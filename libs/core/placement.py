@@ -19,7 +19,7 @@ class FreeGpus:
     def __init__(self, snapshot: Snapshot) -> None:
         cluster = snapshot.cluster
         self._offsets = cluster.offsets
-        self._node_size = tuple(n.gpus for n in cluster.nodes)
+        self._node_size = cluster.node_sizes
         self._load = list(snapshot.gpu_load)
         self._free = list(snapshot.node_free)
         self._max = cluster.max_gpus_per_node
