@@ -500,3 +500,29 @@ def test_passing_over_jobs_that_cannot_start_early_changes_no_outcome_or_reason(
     fast, plain = decide(True), decide(False)
     _same(fast, plain, snap)
     assert fast.default_reason == plain.default_reason
+
+
+def test_a_job_waiting_for_one_node_keeps_its_gpus_held_at_later_decisions():
+    # at 0, wide (2 GPUs, 400 s) finds GPUs 3 and 7 idle, one per node, and waits for
+    # node 0, free at 100 when r1 ends; at 10 another job has taken GPU 7, so wide could
+    # not start spread any more, and long (1 GPU, 500 s) arrives: it must not take GPU 3,
+    # which wide's plan holds (long would end at 510, after wide is due)
+    genie = make_policy("genie")
+    first = _spread_snapshot(None)
+    first = replace(first, pending=first.pending[:1])  # wide alone
+    assert genie.decide(first).why("wide").startswith("waits for 2 GPUs on one node")
+    later = snapshot(
+        cluster(2, 4),
+        SPREAD,
+        [pending("wide", 400.0, gpus=2), pending("long", 500.0, submit=10.0)],
+        [running("r1", 90.0, (0, 1, 2), as_of=10.0), running("r2", 990.0, (4, 5, 6), as_of=10.0),
+         running("r3", 2000.0, (7,), as_of=10.0)],
+        now=10.0,
+    )  # fmt: skip
+    kept = genie.decide(later)
+    assert kept.starts == ()
+    assert kept.why("wide").startswith("waits for 2 GPUs on one node")
+    assert "held for wide" in kept.why("long")
+    # a policy that never planned for wide lets long take the GPU
+    fresh = make_policy("genie").decide(later)
+    assert {s.job_id: s.gpu_ids for s in fresh.starts} == {"long": (3,)}

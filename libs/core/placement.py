@@ -76,6 +76,14 @@ class FreeGpus:
         """Free GPUs of each node, by node index."""
         return list(self._free)
 
+    def take_idle_on(self, nodes: Sequence[int]) -> list[int]:
+        """Take every free GPU of ``nodes``, node by node in that order."""
+        taken: list[int] = []
+        for node in nodes:
+            if self._free[node]:
+                taken.extend(self._take_from_node(node, self._free[node]))
+        return taken
+
     def take_ranks(self, node_of_rank: Sequence[int]) -> list[int]:
         """Take one free GPU on ``node_of_rank[r]`` for each rank r; the GPUs in rank order.
         Raises ValueError, taking nothing, when a node has too few free GPUs."""

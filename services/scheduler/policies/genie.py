@@ -66,7 +66,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, islice, tee
 
@@ -131,6 +131,7 @@ class Genie:
     placement_over_time: bool = True
     _spread: SpreadCost = field(default_factory=lambda: SpreadCost(), compare=False, repr=False)
     _shapes: ShapeCache = field(default_factory=ShapeCache, compare=False, repr=False)
+    _plans: PlansKept = field(default_factory=lambda: PlansKept(), compare=False, repr=False)
 
     @property
     def queue_sort(self) -> QueueSort:
@@ -159,11 +160,15 @@ class Genie:
         if has_priorities(snapshot):
             ordered = list(by_priority(list(ordered)))
         spread = self._spread if self.placement_over_time else None
+        kept = self._plans.live(snapshot) if spread is not None else {}
         if not snapshot.free_gpus:
             # nothing starts, but a job past hope or deferred still hears why it waits
             decision = greedy_exclusive(snapshot, (), backfill=True)
-        elif deferred:
-            decision = placing(snapshot, ordered, self._shapes, hold=True, spread=spread)
+        elif deferred or kept:
+            decision = placing(
+                snapshot, ordered, self._shapes, hold=bool(deferred), spread=spread,
+                kept=kept, plans=self._plans,
+            )  # fmt: skip
         elif spread is None:
             decision = greedy_exclusive(snapshot, ordered, backfill=True, shapes=self._shapes)
         else:
@@ -172,7 +177,9 @@ class Genie:
             ordered, again = tee(ordered)
             decision = greedy_exclusive(snapshot, ordered, backfill=True, shapes=self._shapes)
             if any(spread.is_spread(start, snapshot) for start in decision.starts):
-                decision = placing(snapshot, again, self._shapes, hold=False, spread=spread)
+                decision = placing(
+                    snapshot, again, self._shapes, hold=False, spread=spread, plans=self._plans
+                )
         started = {start.job_id for start in decision.starts}
         reasons = {
             job.job_id: "can no longer meet its deadline: it waits behind every job that can"
@@ -268,6 +275,8 @@ def placing(
     hold: bool,
     spread: SpreadCost | None,
     skip_early: bool = True,
+    kept: Mapping[str, Plan] | None = None,
+    plans: PlansKept | None = None,
 ) -> Decision:
     """``greedy_exclusive`` with backfill, and two ways of holding GPUs (see the module).
 
@@ -279,7 +288,11 @@ def placing(
     else it waits for a less spread placement and holds the idle GPUs of its nodes.
 
     ``skip_early`` passes over a job that cannot start, once that is plain, writing
-    only why it waits (off, every job goes through every step: the same outcome)."""
+    only why it waits (off, every job goes through every step: the same outcome).
+
+    ``kept``: plans earlier decisions made for jobs still queued (``PlansKept``); such a
+    job that cannot start now holds its plan's GPUs again when its turn comes. The
+    plans of this decision's waiting jobs go to ``plans``."""
     now = snapshot.now
     free = FreeGpus(snapshot)
     starts: list[Start] = []
@@ -288,6 +301,7 @@ def placing(
     held: JobView | None = None
     held_at, spare = 0.0, 0
     waits = Waits(snapshot, free, shapes)
+    kept = kept or {}
     timeline: Timeline | None = None
     skipped: dict[str, tuple[JobView, int, int]] = {}
     block = -1  # the largest idle block when jobs were last skipped; -1: work it out
@@ -301,6 +315,7 @@ def placing(
             and job.gpus > free.total
             and held is None
             and not (hold and job.deadline is not None)
+            and job.job_id not in kept
         ):
             # it holds no GPUs and cannot start but on held ones: what the steps below
             # would do comes down to why it waits
@@ -345,6 +360,10 @@ def placing(
             if held is not None and end > held_at:
                 spare -= job.gpus
             continue
+        plan = kept.get(job.job_id)
+        if plan is not None:  # it still waits for the placement it chose earlier
+            reasons[job.job_id] = waits.wait(job, plan, snapshot)
+            continue
         reasons[job.job_id] = waits.held_reason(job) or no_room_reason(job, free)
         if hold and held is None and job.deadline is not None:
             at, left = gpus_free_at(snapshot, ends, free.total, job.gpus)
@@ -354,6 +373,8 @@ def placing(
     if waits.held:
         first = waits.held[0][0].job_id
         default = f"all GPUs are busy or held for {first}, which waits for fewer nodes"
+    if plans is not None:
+        plans.remember(waits.held, starts)
     explained = SkippedReasons(reasons, skipped, shapes, snapshot) if skipped else reasons
     return Decision(starts=tuple(starts), reasons=explained, default_reason=default)
 
@@ -378,6 +399,39 @@ class Plan:
     finish_now: float
     #: whether both meet the job's deadline and the wait is chosen for its GPU-time
     for_gpu_time: bool
+
+
+class PlansKept:
+    """Where jobs chose to wait for a less spread placement, kept across decisions (our
+    design): a decision that planned a wait holds the idle GPUs of the plan's nodes only
+    while it is made, and the next one, with nothing spread to start, would let any job
+    take them. Kept until the planned moment, the plan holds them at every decision
+    for the job's turn: jobs ahead of it in the order are not held back, and jobs after
+    it use them only if they end by then."""
+
+    def __init__(self) -> None:
+        self._plans: dict[str, Plan] = {}
+        self._now = -math.inf
+
+    def live(self, snapshot: Snapshot) -> dict[str, Plan]:
+        """The plans whose moment has not come. A job leaves the queue by a start, which
+        drops its plan (``remember``); a plan of a job gone otherwise is never asked for
+        and lapses at its moment."""
+        now = snapshot.now
+        if now < self._now:  # time went back: another run
+            self._plans.clear()
+        self._now = now
+        if self._plans:
+            self._plans = {job_id: plan for job_id, plan in self._plans.items() if plan.at > now}
+        return self._plans
+
+    def remember(
+        self, waiting: Iterable[tuple[JobView, Plan, list[int]]], starts: Iterable[Start]
+    ) -> None:
+        for job, plan, _ in waiting:
+            self._plans[job.job_id] = plan
+        for start in starts:
+            self._plans.pop(start.job_id, None)
 
 
 class Timeline:
@@ -511,7 +565,7 @@ class Waits:
         start = place_exclusive(job, free, self._snapshot, self._shapes)
         for i in usable:  # take back what it left idle on those nodes
             waiting, plan, _ = self.held[i]
-            self.held[i] = (waiting, plan, self._take_idle(plan.nodes))
+            self.held[i] = (waiting, plan, self._free.take_idle_on(plan.nodes))
         self.pooled = sum(len(gpus) for _, _, gpus in self.held)
         return start
 
@@ -525,13 +579,10 @@ class Waits:
     def give_back(self, start: Start) -> None:
         self._free.give_back(start.gpu_ids, self._node_of)
 
-    def _take_idle(self, nodes: tuple[int, ...]) -> list[int]:
-        idle = self._free.free_per_node()
-        return self._free.take_ranks([node for node in nodes for _ in range(idle[node])])
 
     def wait(self, job: JobView, plan: Plan, snapshot: Snapshot) -> str:
         """Hold the idle GPUs of ``plan``'s nodes for ``job``; why it waits."""
-        taken = self._take_idle(plan.nodes)
+        taken = self._free.take_idle_on(plan.nodes)
         self.held.append((job, plan, taken))
         self.nodes.update(plan.nodes)
         self.pooled += len(taken)
