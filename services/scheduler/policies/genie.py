@@ -28,7 +28,11 @@ now, more than the fewest) are not looked at: measured, they gained little and c
 (docs/results.md). A job that waits holds the idle GPUs of the nodes it waits for: a
 later job starts there only if it is predicted to end by then, and the job hears
 "waits for 4 GPUs on one node in ~66 min: finishes sooner than starting now
-across 2 nodes". Only a start that would be spread pays for this look.
+across 2 nodes". Only a start that would be spread pays for this look. The plan is kept
+until its moment or the job's start (``PlansKept``): at later decisions the job, when its
+turn comes and it cannot start, holds its plan's idle GPUs again, so narrow jobs after
+it in the order do not take the node it waits for (they would have, at a decision with
+nothing spread to start).
 Non-preemptive; later jobs that fit are started past one that does not (backfill).
 
 The admission (ours, not the paper's): GENIE's goal is the share of jobs that meet their
