@@ -6,14 +6,13 @@ import hashlib
 import math
 import random
 
-from gpusched.libs.core.perf import CpuMemDemand, PerformanceModel
-from gpusched.libs.core.shape import JobShape
+from gpusched.libs.core.perf import DelegatingModel, PerformanceModel
 
 #: |log| of the largest factor `NoisyEstimates` applies (e^100, about 2.7e43)
 MAX_LOG_FACTOR = 100.0
 
 
-class NoisyEstimates:
+class NoisyEstimates(DelegatingModel):
     """A :class:`PerformanceModel` that believes iteration times off by a fixed factor.
 
     Each model's iteration time is multiplied by ``exp(sigma * z)``, with ``z`` a
@@ -24,12 +23,10 @@ class NoisyEstimates:
     unchanged, and a positive factor per model keeps the contract.
     """
 
-    __slots__ = ("_base", "_factors", "seed", "sigma")
-
     def __init__(self, base: PerformanceModel, sigma: float, seed: int = 0) -> None:
         if not sigma >= 0 or not math.isfinite(sigma):
             raise ValueError(f"sigma must be a finite number >= 0, got {sigma!r}")
-        self._base = base
+        super().__init__(base)
         self.sigma = sigma
         self.seed = seed
         self._factors: dict[str, float] = {}
@@ -47,28 +44,8 @@ class NoisyEstimates:
         value = self._factors[model] = math.exp(log_factor)
         return value
 
-    def models(self) -> tuple[str, ...]:
-        return self._base.models()
-
-    def default_batch_size(self, model: str) -> int:
-        return self._base.default_batch_size(model)
-
     def iteration_time(
         self, model: str, batch_size: int, gpus: int, nodes: int, accum_steps: int = 1
     ) -> float:
-        exact = self._base.iteration_time(model, batch_size, gpus, nodes, accum_steps)
+        exact = self.inner.iteration_time(model, batch_size, gpus, nodes, accum_steps)
         return exact * self.factor(model)
-
-    def colocation_slowdown(self, shape: JobShape, partner: JobShape) -> float:
-        return self._base.colocation_slowdown(shape, partner)
-
-    def gpu_memory_mb(self, model: str, per_gpu_batch: float) -> float:
-        return self._base.gpu_memory_mb(model, per_gpu_batch)
-
-    def cpu_mem_speedup(
-        self, model: str, gpus: int, cpus_per_gpu: float, mem_gb_per_gpu: float
-    ) -> float:
-        return self._base.cpu_mem_speedup(model, gpus, cpus_per_gpu, mem_gb_per_gpu)
-
-    def cpu_mem_demand(self, model: str) -> CpuMemDemand:
-        return self._base.cpu_mem_demand(model)
