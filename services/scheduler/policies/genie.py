@@ -75,6 +75,7 @@ from dataclasses import dataclass, field
 from itertools import chain, islice, tee
 
 from gpusched.libs.core.decision import Decision, Start
+from gpusched.libs.core.parallelism import consolidated
 from gpusched.libs.core.placement import FreeGpus
 from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.scheduler.policies.base import (
@@ -513,7 +514,7 @@ class Timeline:
         and those nodes (a job wider than a node; walks the moments in time order)."""
         idle = self._free.free_per_node()
         for node in held:
-            idle[node] = -1
+            idle[node] = 0  # held for another job: never chosen
         events = sorted(
             chain(
                 ((end, node, count) for node, ends in enumerate(self._per_node)
@@ -522,11 +523,11 @@ class Timeline:
             )
         )  # fmt: skip
         for at, node, count in events:
-            if idle[node] < 0:
+            if node in held:
                 continue
             idle[node] += count
-            chosen = fewest_holding(idle, gpus)
-            if chosen is not None and len(chosen) <= most:
+            ranks = consolidated(gpus, idle)  # where FreeGpus.take would put it
+            if ranks is not None and len(chosen := tuple(dict.fromkeys(ranks))) <= most:
                 return at, chosen
         return None
 
@@ -685,24 +686,6 @@ class SpreadCost:
         if (meets_now and not meets) or (not meets and finish >= finish_now):
             return None
         return Plan(at, nodes, finish, spread, finish_now, meets and meets_now)
-
-
-def fewest_holding(idle: list[int], gpus: int) -> tuple[int, ...] | None:
-    """The fewest nodes whose idle GPUs hold ``gpus``: the best-fit node if one does,
-    else the nodes with the most idle first, lowest index on ties; None if all together
-    do not. A node marked -1 is held for another job."""
-    fits = [(count, node) for node, count in enumerate(idle) if count >= gpus]
-    if fits:
-        return (min(fits)[1],)
-    total, chosen = 0, []
-    for node in sorted(range(len(idle)), key=lambda node: -idle[node]):
-        if idle[node] <= 0:
-            break
-        chosen.append(node)
-        total += idle[node]
-        if total >= gpus:
-            return tuple(chosen)
-    return None
 
 
 def gpus_free_at(
