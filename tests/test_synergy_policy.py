@@ -197,7 +197,7 @@ def test_backfills_past_a_job_that_does_not_fit() -> None:
     right = running("r1", tuple(range(8, 16)), cpus=24.0, mem_gb=500.0)
     d = decide(snapshot(cl, (left, right), (queued("big", gpus=4), queued("small", submit=1.0))))
     assert [s.job_id for s in d.starts] == ["small"]
-    assert "4 GPUs" in d.why("big")
+    assert d.why("big") == "needs 4 GPUs; 2 idle"  # written when asked for
 
 
 def test_running_jobs_get_their_best_case_back_when_there_is_room() -> None:

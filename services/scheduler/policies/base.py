@@ -309,10 +309,11 @@ class SkippedReasons(Mapping[str, str]):
     """A greedy scan's reasons, the "needs N GPUs" sentences written only when asked
     for: a backfilling scan over a long queue skips most jobs, and a simulator asks why
     about few of them. Each skipped job keeps the idle GPUs and largest idle block of
-    the moment it was skipped, so its sentence is the one the scan would have written;
-    a job whose shape can never run says that instead (looked up when asked, too)."""
+    the moment it was skipped, so its sentence is the one the scan would have written
+    (``text``; by default the "needs N GPUs" one); a job whose shape can never run says
+    that instead (looked up when asked, too)."""
 
-    __slots__ = ("_explicit", "_shapes", "_skipped", "_snapshot")
+    __slots__ = ("_explicit", "_shapes", "_skipped", "_snapshot", "_text")
 
     def __init__(
         self,
@@ -320,11 +321,13 @@ class SkippedReasons(Mapping[str, str]):
         skipped: dict[str, tuple[JobView, int, int]],
         shapes: ShapeCache,
         snapshot: Snapshot,
+        text: Callable[[JobView, int, int], str] | None = None,
     ) -> None:
         self._explicit = explicit
         self._skipped = skipped
         self._shapes = shapes
         self._snapshot = snapshot
+        self._text = text
 
     def __getitem__(self, job_id: str) -> str:
         found = self._explicit.get(job_id)
@@ -332,7 +335,9 @@ class SkippedReasons(Mapping[str, str]):
             return found
         job, idle, block = self._skipped[job_id]
         bad = self._shapes.unschedulable(job, self._snapshot)
-        return bad or no_room_text(job.gpus, idle, block)
+        if bad:
+            return bad
+        return self._text(job, idle, block) if self._text else no_room_text(job.gpus, idle, block)
 
     def __iter__(self) -> Iterator[str]:
         yield from self._explicit

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, insort
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import chain
@@ -38,6 +38,7 @@ from gpusched.services.scheduler.policies.base import (
     ModelBasis,
     QueueSort,
     ShapeCache,
+    SkippedReasons,
     ordered_pending,
 )
 from gpusched.services.scheduler.policies.preemptive import SRTF_ORDER
@@ -376,17 +377,20 @@ class SynergyTune:
     def decide(self, snapshot: Snapshot) -> Decision:
         state = self._read_running(snapshot)
         reasons: dict[str, str] = {}
+        #: jobs wider than the idle GPUs, now or later in this decision: why they wait
+        #: is written only when asked for (a long queue is mostly these)
+        skipped: dict[str, tuple[JobView, int, int]] = {}
         started: list[str] = []
         for job in ordered_pending(snapshot, self.order):
             idle = state.total_idle
             if not idle:
                 break
+            if job.gpus > idle:
+                skipped[job.job_id] = (job, idle, 0)
+                continue
             bad = self._shapes.unschedulable(job, snapshot)
             if bad:
                 reasons[job.job_id] = bad
-            elif job.gpus > idle:
-                # no set of idle GPUs holds them, now or later in this decision
-                reasons[job.job_id] = _no_gpus(job.gpus, idle)
             else:
                 placed = self._place(snapshot, state, job)
                 if placed is None:
@@ -395,7 +399,10 @@ class SynergyTune:
                     reasons[job.job_id] = placed
         if self.retune_running:
             self._retune(state)
-        return self._decision(snapshot, state, started, reasons)
+        explained: Mapping[str, str] = reasons
+        if skipped:
+            explained = SkippedReasons(reasons, skipped, self._shapes, snapshot, _skipped_text)
+        return self._decision(snapshot, state, started, explained)
 
     def _read_running(self, snapshot: Snapshot) -> _Cluster:
         """The running jobs' records (kept from the last decision where the view is the
@@ -558,7 +565,7 @@ class SynergyTune:
         snapshot: Snapshot,
         state: _Cluster,
         started: Sequence[str],
-        reasons: dict[str, str],
+        reasons: Mapping[str, str],
     ) -> Decision:
         held = state.held
         starts = tuple(
@@ -633,5 +640,5 @@ __all__ = [
 ]
 
 
-def _no_gpus(gpus: int, idle: int) -> str:
-    return f"needs {gpus} GPU{'s' if gpus > 1 else ''}; {idle} idle"
+def _skipped_text(job: JobView, idle: int, _block: int) -> str:
+    return f"needs {job.gpus} GPU{'s' if job.gpus > 1 else ''}; {idle} idle"
