@@ -9,10 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpusched.libs.core.convergence import builtin_convergence
 from gpusched.libs.core.decision import Decision, decision_problems
 from gpusched.libs.core.snapshot import Snapshot
 from gpusched.services.scheduler.policies import POLICIES
-from gpusched.services.scheduler.policies.ones import POPULATION, Ones
+from gpusched.services.scheduler.policies.ones import POPULATION, Ones, _samples_at
 from gpusched.services.scheduler.simulator import SimConfig, simulate
 from tests.builders import TablePerf, cluster, job, pending, running, snapshot
 
@@ -49,13 +50,16 @@ class Recorded:
         assert len(self.inner.population) == POPULATION
         for start in decision.starts:
             view = snap.job(start.job_id)
-            # a new job starts on one GPU, a preempted one at half its last size
+            # a new job starts on one GPU, a preempted one at half its last size, or on
+            # more, doubling, up to the GPUs it asked for
             half = max(1, view.gpus // 2)
-            expected = 1 << (half.bit_length() - 1) if view.preemptions else 1
-            assert len(start.gpu_ids) == expected
+            smallest = 1 << (half.bit_length() - 1) if view.preemptions else 1
+            n = len(start.gpu_ids)
+            assert n == smallest or smallest < n <= self.asked[start.job_id]
+            assert n & (n - 1) == 0 or n == smallest
             assert _contiguous(start.gpu_ids)
             if start.batch_size is None:  # not an elastic start: the shape it asked for
-                assert expected == view.gpus
+                assert n == view.gpus
         for resize in decision.resizes:
             n, asked = len(resize.gpu_ids), self.asked[resize.job_id]
             assert _contiguous(resize.gpu_ids)
@@ -133,22 +137,33 @@ def _busy_snapshot() -> Snapshot:
     return snapshot(cl, PERF, wait, run, now=1000.0)
 
 
-def test_every_new_job_starts_on_exactly_one_gpu_with_its_per_gpu_batch():
+def test_every_new_job_starts_at_its_per_gpu_batch_on_at_most_the_gpus_it_asked_for():
     snap = _busy_snapshot()
     policy = Ones()
     decision = policy.decide(snap)
     best = policy.population[0]
-    # both new jobs hold one GPU in the best schedule; a start waits a decision when
-    # its GPU is still let go by a job that changes size
-    assert best.count("p0") == 1 and best.count("p1") == 1
+    # both new jobs are placed in the best schedule, on one GPU up to what they asked
+    # for; a start waits a decision when its GPUs are still let go by a job that
+    # changes size
+    assert best.count("p0") == 1 and best.count("p1") in (1, 2)
     for job_id in ("p0", "p1"):
         started = [s for s in decision.starts if s.job_id == job_id]
         assert started or "changes size" in decision.why(job_id)
         for start in started:
-            assert len(start.gpu_ids) == 1
             view = snap.job(job_id)
+            n = len(start.gpu_ids)
+            assert n in (1, 2) and n <= view.gpus
             per_gpu = view.batch_size // view.gpus
-            assert start.batch_size == (None if view.gpus == 1 else per_gpu)
+            assert start.batch_size == (None if n == view.gpus else per_gpu * n)
+
+
+def test_a_new_job_starts_on_the_gpus_it_asked_for_when_they_are_idle():
+    cl = cluster(1, 4, gpu_mem_mb=16_000)
+    snap = snapshot(cl, PERF, [pending("p0", 300.0, gpus=4, model="b", batch=64)], [])
+    decision = Ones().decide(snap)
+    assert [(s.job_id, len(s.gpu_ids), s.batch_size) for s in decision.starts] == [
+        ("p0", 4, None)
+    ]
 
 
 def test_the_best_fitness_never_gets_worse_on_a_fixed_snapshot():
@@ -170,9 +185,10 @@ def test_a_job_that_changed_recently_is_left_alone():
 
 
 def test_a_job_grown_over_the_whole_cluster_gives_way_to_new_jobs():
-    """One job holds both nodes; spanning them costs it 1.3x per iteration. Counting the
-    waiting jobs at one GPU, a schedule that shrinks it to one node and admits them is
-    cheaper, so the search finds it; summing placed jobs only, it never would."""
+    """One job holds both nodes; spanning them costs it 1.3x per iteration. Admitting
+    the waiting jobs adds their finishing rates, which outweighs what the big job loses
+    on one node, so the search finds that schedule; summing placed jobs' remaining
+    GPU-seconds, as ONES does, it never would."""
     cl = cluster(2, 4, gpu_mem_mb=16_000)
     big = running("big", 5000.0, tuple(range(8)), model="a", batch=256)
     waiting = [pending("p0", 6000.0), pending("p1", 6000.0)]
@@ -185,14 +201,17 @@ def test_a_job_grown_over_the_whole_cluster_gives_way_to_new_jobs():
     assert best.count("big") == 4
 
 
-def test_a_job_may_change_after_one_epoch_where_its_length_is_known():
+def test_a_job_may_change_after_one_epoch_or_min_run_s_whichever_comes_first():
     cl = cluster(1, 4)
     slow_epoch = replace(running("slow", 5000.0, (0,)), started_at=0.0, epoch_s=500.0)
     quick_epoch = replace(running("quick", 5000.0, (2,)), started_at=0.0, epoch_s=30.0)
     snap = snapshot(cl, PERF, [], [slow_epoch, quick_epoch], now=100.0)
-    jobs, _, _ = Ones(min_run_s=60.0)._jobs(snap)
+    jobs, _, _ = Ones(min_run_s=200.0)._jobs(snap)
     kinds = {job.view.job_id: job.kind for job in jobs}
     assert kinds == {"slow": "frozen", "quick": "running"}
+    # an epoch longer than min_run_s waits min_run_s only
+    jobs, _, _ = Ones(min_run_s=60.0)._jobs(snap)
+    assert {job.kind for job in jobs} == {"running"}
 
 
 def test_a_search_that_changes_nothing_wakes_less_and_less_often():
@@ -238,3 +257,63 @@ def test_every_job_finishes_when_the_queue_is_longer_than_the_window():
 def test_a_negative_queue_margin_is_refused_naming_the_field():
     with pytest.raises(ValueError, match="queue_margin"):
         Ones(queue_margin=-1)
+
+
+def test_a_long_job_grown_past_what_it_asked_for_gives_the_growth_to_a_short_one():
+    """Fitness is the rate at which the placed jobs finish: a short job doubled
+    finishes far sooner than the long one loses on the one GPU it asked for. Padding
+    fills every job to what it asked for first, so the long job keeps that GPU."""
+    cl = cluster(1, 4, gpu_mem_mb=16_000)
+    policy = Ones(seed=1)
+    policy.decide(snapshot(cl, PERF, [pending("long", 10_000.0)], []))
+    run = [
+        running("long", 10_000.0, (0, 1), batch=64, as_of=1000.0),
+        running("s1", 400.0, (2,), as_of=1000.0),
+        running("s2", 400.0, (3,), as_of=1000.0),
+    ]
+    snap = snapshot(cl, PERF, [], run, now=1000.0)
+    for _ in range(10):
+        assert decision_problems(snap, policy.decide(snap)) == []
+    best = policy.population[0]
+    assert best.count("long") == 1
+    assert sorted((best.count("s1"), best.count("s2"))) == [1, 2]
+
+
+def test_a_job_with_less_left_than_a_restart_keeps_its_size():
+    cl = cluster(1, 2, gpu_mem_mb=16_000)
+    snap = snapshot(cl, PERF, [], [running("short", 20.0, (0,), as_of=1000.0)], now=1000.0)
+    assert Ones(restart_s=30.0).decide(snap).resizes == ()
+    grown = Ones(restart_s=0.0).decide(snap).resizes
+    assert [(r.job_id, len(r.gpu_ids)) for r in grown] == [("short", 2)]
+
+
+def test_a_larger_batch_needs_more_samples_where_the_convergence_curve_says_so():
+    curve = builtin_convergence("cifar10")
+    assert curve is not None
+    view = running("c", 1000.0, (0,), model="cifar10", batch=128)
+    samples = 1_000_000.0
+    assert _samples_at({}, curve, view, samples, 128) == samples
+    larger = _samples_at({}, curve, view, samples, 4096)
+    smaller = _samples_at({}, curve, view, samples, 64)
+    assert larger > samples * 1.2
+    assert smaller == pytest.approx(samples)  # below the smallest profiled batch
+    # the job's own estimate scales what is left, the curve only the batch's cost
+    assert _samples_at({}, curve, view, 2 * samples, 4096) == pytest.approx(2 * larger)
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("inf"), float("nan")])
+def test_a_restart_cost_that_is_negative_or_not_finite_is_refused_naming_the_field(bad):
+    with pytest.raises(ValueError, match="restart_s"):
+        Ones(restart_s=bad)
+
+
+def test_a_preempted_job_grown_past_what_it_asked_for_restarts_at_half_its_size():
+    cl = cluster(1, 8, gpu_mem_mb=16_000)
+    policy = Ones()
+    policy.decide(snapshot(cl, PERF, [pending("p", 1000.0, gpus=2, batch=64)], []))
+    # it grew to 8 GPUs and was preempted: it comes back on 4, more than the 2 it asked
+    again = replace(pending("p", 1000.0, gpus=8, batch=256), preemptions=1)
+    snap = snapshot(cl, PERF, [again], [])
+    decision = policy.decide(snap)
+    assert decision_problems(snap, decision) == []
+    assert [(s.job_id, len(s.gpu_ids)) for s in decision.starts] == [("p", 4)]

@@ -132,6 +132,17 @@ class ProgressPredictor:
         require("torch", TRAIN, "the progress predictor")
         import torch
 
+        # one thread: the network is tiny, so more threads only wait on each other (on a
+        # busy machine a training took seconds instead of a fraction), and the answer
+        # must not depend on how many cores the machine has
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            self._train(torch)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _train(self, torch: Any) -> None:
         generator = torch.Generator().manual_seed(self.seed)
         network = torch.nn.Sequential(
             torch.nn.Linear(FEATURES, self.hidden),

@@ -5,7 +5,7 @@ how many genes it holds, its global batch the job's base per-GPU batch times tha
 The population (16) lives on the policy object and advances one generation per decision:
 8 uniform per-GPU crossovers of uniformly picked parents, one mutant per parent that drops
 each changeable job with probability 0.3, every candidate repaired (sizes onto the
-doubling ladder, padded in three passes, laid out contiguously with few moves), and the
+doubling ladder, padded in two passes, laid out contiguously with few moves), and the
 best 16 of the 48 kept. The best individual is applied.
 
 Priorities cannot be honoured here (our choice): the search re-plans every job's size
@@ -14,19 +14,24 @@ refill. ``honours_priority = False`` says so, and jobs with one are refused inst
 (admission while this policy leads, ``gpusched simulate``; docs/architecture.md,
 Priorities).
 
-Fitness (lower is better) is the predicted remaining GPU-seconds of the jobs:
-``n x remaining samples / throughput at n``, with remaining samples = remaining iterations
-(``est_remaining_s`` over the estimated iteration time at the job's current shape) x its
-global batch, and throughput at n from ``snapshot.estimates`` at per-GPU batch fixed.
+Fitness (lower is better; ours, see below) is minus the rate at which the placed jobs
+finish: ``-sum 1 / (remaining samples at n / throughput at n + restart)`` over the jobs a
+candidate places, with remaining samples = remaining iterations (``est_remaining_s`` over
+the estimated iteration time at the job's current shape) x its global batch, moved to
+the batch at n along the model's convergence curve, throughput at n from
+``snapshot.estimates``, and ``restart_s`` added where n is not the size the job runs at.
 
 Where this differs from the method's description (DESIGN.md section 5, ONES), and why:
 
-- A new job starts on one GPU at its per-GPU batch (an elastic ``Start`` with
-  ``batch_size``); an unplaced preempted job restarts at half its last size, on the
-  doubling ladder. New jobs are padded in arrival order.
+- A new job starts at its per-GPU batch (an elastic ``Start`` with ``batch_size``) on
+  one GPU or, doubling, on up to the GPUs it asked for (ONES starts every job on one
+  GPU: a job then spent its first epochs far below the size it asked for, a bert job
+  one of its two epochs on one GPU); an unplaced preempted job restarts at half its last
+  size, on the doubling ladder.
 - A job may change after one epoch at its current shape (``JobView.epoch_s``, since
-  ``JobView.started_at``), or after ``min_run_s`` where the driver knows no epoch
-  length; until then it is frozen where it runs. New jobs get one epoch, not two.
+  ``JobView.started_at``) or after ``min_run_s`` (120 s, four restarts), whichever comes
+  first; until then it is frozen where it runs. New jobs get the same, not two epochs.
+  ONES's epoch alone held jobs whose epoch is long for hours at a size.
 - A running job that has run ``min_run_s`` at its size may double once (its cap is twice
   its current size); run time in the scale-down rule is the time since its last change.
 - ONES holds the global batch once the learning rate reaches ``max_lr``; here it is held
@@ -37,29 +42,43 @@ Where this differs from the method's description (DESIGN.md section 5, ONES), an
   pulled towards the size estimate every policy uses until the predictor has seen
   several jobs of the data set finish; a job without a prediction counts with that
   estimate rather than adding nothing.
-- ONES sums the fitness over placed jobs only, which rewards leaving jobs out: one job
-  grown to the whole cluster then kept every new job waiting for hours, since any
-  schedule that admitted them summed more. A job left out counts here at its smallest
-  size, so admitting a job is neutral and the fitness weighs only what sizing costs.
-- Over-subscribed candidates first give up growth, then leave out new jobs, then
-  shrink executed jobs, so growth never squeezes out the new jobs padding puts first.
+- ONES's fitness, the predicted remaining GPU-seconds of the placed jobs, rewards
+  leaving jobs out (one job grown to the whole cluster then kept every new job waiting
+  for hours); counting left-out jobs at their smallest size made admitting neutral but
+  then nothing told a long job's GPUs from a short one's: on the Pollux workloads two
+  imagenet jobs kept 16 GPUs each through a busy period while some 25 short jobs ran
+  on one or two GPUs each, and the mean JCT was only 3 % below Tiresias's on
+  workload-6. Ours sums finishing rates, so a GPU goes where it shortens the predicted
+  time of a job with little left most (shortest-remaining-first, weighed by how well
+  each job scales), admitting a job always helps, and a resize must save more than the
+  restart it costs (a 30 s ncf job is no longer resized after its first epoch).
+- Remaining samples at another batch follow the model's convergence curve (a larger
+  batch needs more samples; ours: ONES counts the same samples at every size and bounds
+  the batch by the learning rate only).
+- Padding is two passes over the changeable jobs, new and running alike, in order of
+  predicted remaining time on one GPU: each up to the GPUs it asked for (at least its
+  start size), then each placed job up to its cap. ONES pads new jobs first, then
+  executed jobs back to their current size, then growth, so a running job a mutant
+  dropped always came back at its size and its GPUs never went to a shorter job.
+- Over-subscribed candidates (from crossovers) shrink the jobs with the longest
+  predicted remaining time first.
 - The simulator decides only at events, so while jobs run or wait the policy asks to be
   woken every ``min_run_s`` seconds.
 
 What we added so the search scales (ours, not the method's):
 
 - The search sees the running jobs and only the first ``free GPUs + queue_margin``
-  queued jobs in arrival order (every new job starts on one GPU, so padding starts at
-  most that many from the idle GPUs); the rest wait with a reason naming the window.
+  queued jobs in arrival order (every new job takes at least one GPU, so padding starts
+  at most that many from the idle GPUs); the rest wait with a reason naming the window.
   ONES puts every queued job in the genome; a mutant that drops running jobs could then
   start more queued jobs than the idle GPUs, here at most ``queue_margin`` more.
 - A decision where no running job is past its epoch gate and no job the search sees
   fits on the idle GPUs runs no generation (none could change anything): it returns the
   reasons and a wake-up, and keeps the population as it was.
-- Repair works on numpy arrays per decision (sizes, stayers, fitness), grows every job at
-  once where the idle GPUs hold all growth, places one-GPU jobs from a heap of free runs,
-  and repairs equal candidates of a generation once; it lays out exactly as the walk over
-  single GPUs it replaces.
+- Repair works on numpy arrays per decision (sizes, stayers, fitness), pads every job at
+  once where the idle GPUs hold a whole pass, places one-GPU jobs from a heap of free
+  runs, and repairs equal candidates of a generation once; it lays out exactly as the
+  walk over single GPUs it replaced.
 """
 
 from __future__ import annotations
@@ -72,6 +91,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from gpusched.libs.core.convergence import Convergence
 from gpusched.libs.core.decision import Decision, Preempt, Resize, Start
 from gpusched.libs.core.perf import ConvergenceSource
 from gpusched.libs.core.snapshot import JobView, Snapshot
@@ -111,7 +131,7 @@ class _Job:
     kind: str
     #: GPU counts it may hold, ascending (never empty)
     sizes: list[int]
-    #: size -> (predicted remaining GPU-seconds, accumulation steps, batch)
+    #: size -> (predicted remaining seconds, accumulation steps, batch)
     cost: dict[int, tuple[float, int, int]]
     #: predicted remaining time on one GPU (padding order)
     one_gpu_s: float
@@ -124,7 +144,7 @@ class _Job:
 class _Problem:
     """One decision's jobs as arrays the repair reads (job index = row)."""
 
-    def __init__(self, snapshot: Snapshot, jobs: list[_Job]) -> None:
+    def __init__(self, snapshot: Snapshot, jobs: list[_Job], restart_s: float = 0.0) -> None:
         self.jobs = jobs
         self.total = total = snapshot.cluster.total_gpus
         self.node_of = np.asarray(snapshot.cluster.gpu_node, dtype=np.int64)
@@ -133,11 +153,11 @@ class _Problem:
         width = max((len(job.sizes) for job in jobs), default=1)
         #: each job's sizes, ascending, padded past its largest with more than the cluster
         self.ladder = np.full((count, width), total + 1, dtype=np.int64)
-        #: predicted remaining GPU-seconds at each of those sizes
-        self.cost = np.zeros((count, width))
+        #: predicted remaining seconds at each of those sizes
+        self.seconds = np.zeros((count, width))
         for i, job in enumerate(jobs):
             self.ladder[i, : len(job.sizes)] = job.sizes
-            self.cost[i, : len(job.sizes)] = [job.cost[n][0] for n in job.sizes]
+            self.seconds[i, : len(job.sizes)] = [job.cost[n][0] for n in job.sizes]
         self.frozen = np.array([job.kind == "frozen" for job in jobs], dtype=bool)
         self.current = np.array([job.current for job in jobs], dtype=np.int64)
         #: the job on every GPU now (NONE: idle)
@@ -151,21 +171,23 @@ class _Problem:
                 self.occupancy[list(ids)] = i
         self.keepable = keepable
         self.id_rank = np.argsort(np.argsort(np.array([j.view.job_id for j in jobs], dtype=object)))
-        self.by_one_gpu = sorted(
-            (i for i, j in enumerate(jobs) if j.kind == "running"),
+        #: the changeable jobs (new and running), shortest predicted remaining time on
+        #: one GPU first: the order padding fills them in
+        self.order = sorted(
+            (i for i, j in enumerate(jobs) if j.kind != "frozen"),
             key=lambda i: (jobs[i].one_gpu_s, jobs[i].view.job_id),
         )
-        self.new_jobs = [i for i, j in enumerate(jobs) if j.kind == "new"]
-        #: padding grows the changeable running jobs (``by_one_gpu``) to the largest of
-        #: their sizes up to their current one (0: none is), then to their cap
-        self.growers = np.array(self.by_one_gpu, dtype=np.int64)
-        self.grower_at = {i: k for k, i in enumerate(self.by_one_gpu)}
-        self.grow_current = np.array(
-            [max((n for n in jobs[i].sizes if n <= jobs[i].view.gpus), default=0)
-             for i in self.by_one_gpu],
+        self.changeable = np.array(self.order, dtype=np.int64)
+        #: padding fills every job first up to the GPUs it asked for (at least its
+        #: smallest size: a preempted job restarts at half what it held), then to its cap;
+        #: a running job grows only to sizes that save more than the restart costs
+        worth = [_worth_growing(jobs[i], restart_s) for i in self.order]
+        self.asked_limit = np.array(
+            [max(min(jobs[i].asked_gpus, top), jobs[i].sizes[0])
+             for i, top in zip(self.order, worth, strict=True)],
             dtype=np.int64,
         )
-        self.grow_cap = np.array([jobs[i].sizes[-1] for i in self.by_one_gpu], dtype=np.int64)
+        self.cap_limit = np.array(worth, dtype=np.int64)
         self._own: dict[int, np.ndarray] = {}
 
     def own(self, i: int) -> np.ndarray:
@@ -183,8 +205,12 @@ class Ones:
     """Online evolutionary search over GPU counts (see the module docstring)."""
 
     seed: int = 0
-    #: seconds a job runs at a shape before it may change again (stands in for an epoch)
+    #: seconds a job runs at a shape before it may change again, where an epoch at that
+    #: shape takes longer (see ``_settling_s``)
     min_run_s: float = 120.0
+    #: seconds a job loses when its GPU count changes (the restart from its checkpoint;
+    #: the simulator's ``restart_overhead_s``), charged in the fitness
+    restart_s: float = 30.0
     name: str = "ones"
     preemptive: bool = True
     #: the search re-plans every job's size, so a job's priority cannot order it: a job
@@ -207,6 +233,8 @@ class Ones:
     _shape_cache: dict[tuple[str, int, int], tuple[int | None, float]] = field(
         default_factory=dict, repr=False
     )
+    #: each (model, global batch)'s iterations at its convergence curve's knots
+    _curves: dict[tuple[str, int], np.ndarray] = field(default_factory=dict, repr=False)
     #: the largest useful global batch of each model (``_largest_useful_batch``)
     _largest_batch: dict[str, int] = field(default_factory=dict, repr=False)
     #: why a queued shape (model, GPUs, batch) can never run here (None: it can)
@@ -219,12 +247,15 @@ class Ones:
     def __post_init__(self) -> None:
         if self.queue_margin < 0:
             raise ValueError(f"queue_margin must be at least 0, got {self.queue_margin}")
+        if not (self.restart_s >= 0 and math.isfinite(self.restart_s)):
+            raise ValueError(f"restart_s must be a finite number >= 0, got {self.restart_s!r}")
         self._rng = np.random.default_rng(self.seed)
 
     def scaled(self, time_scale: float) -> Ones:
         return Ones(
             seed=self.seed,
             min_run_s=self.min_run_s * time_scale,
+            restart_s=self.restart_s * time_scale,
             name=self.name,
             queue_margin=self.queue_margin,
         )
@@ -279,6 +310,7 @@ class Ones:
             self._shape_cache.clear()
             self._unschedulable.clear()
             self._largest_batch.clear()
+            self._curves.clear()
         if len(self._asked) > 2 * (len(snapshot.running) + len(snapshot.pending)) + 64:
             present = {v.job_id for v in (*snapshot.running, *snapshot.pending)}
             self._asked = {j: asked for j, asked in self._asked.items() if j in present}
@@ -308,10 +340,19 @@ class Ones:
             _, iter_now = self._shape(snapshot, view, view.batch_size, view.gpus)
             remaining_iters = view.remaining_s(now) / iter_now if iter_now > 0 else 0.0
             samples = remaining_iters * view.batch_size
+            estimates = snapshot.estimates
+            curve = (
+                estimates.convergence(view.model)
+                if isinstance(estimates, ConvergenceSource)
+                else None
+            )
             if not view.running:
                 kind = "new"
-                # a new job starts on one GPU; a preempted one at half its last size
+                # a new job starts on one GPU, a preempted one at half its last size, or
+                # on more, doubling, up to the GPUs it asked for
                 ladder = [_doubling_floor(max(1, view.gpus // 2)) if view.preemptions else 1]
+                while ladder[-1] * 2 <= min(total, asked_gpus):
+                    ladder.append(ladder[-1] * 2)
             elif now - view.started_at < self._settling_s(view):
                 kind = "frozen"
                 ladder = [view.gpus]
@@ -332,8 +373,14 @@ class Ones:
                 accum, iter_s = self._shape(snapshot, view, batch, n)
                 if accum is None and not (kind == "frozen" or n == view.gpus):
                     continue
-                # n x samples / (batch / iter_s): remaining GPU-seconds at n GPUs
-                cost[n] = (n * samples * iter_s / batch, accum or view.accum_steps, batch)
+                # samples / (batch / iter_s): remaining seconds at n GPUs, with the
+                # samples left at this batch where the model's convergence curve is known
+                left = (
+                    samples
+                    if curve is None
+                    else _samples_at(self._curves, curve, view, samples, batch)
+                )
+                cost[n] = (left * iter_s / batch, accum or view.accum_steps, batch)
             sizes = sorted(cost)
             if not sizes:
                 reasons[view.job_id] = "no GPU count fits its per-GPU batch in GPU memory"
@@ -389,44 +436,47 @@ class Ones:
         sized = np.where(held > 0, sized, 0)
         sized[p.frozen] = p.current[p.frozen]
         free = p.total - int(sized.sum())
-        size: list[int] = sized.tolist()
-        # too many GPUs asked: undo growth first (longest to go first), then leave out
-        # new jobs, then shrink executed jobs below their size; padding gives new jobs
-        # the first free GPUs, so growth must not squeeze them out here either
+        # too many GPUs asked: the jobs with the longest to go give way first
         if free < 0:
-            for i, floor in (
-                *((i, jobs[i].view.gpus) for i in reversed(p.by_one_gpu)),
-                *((i, 0) for i in reversed(p.new_jobs)),
-                *((i, 0) for i in reversed(p.by_one_gpu)),
-            ):
-                while free < 0 and size[i] > floor:
+            size: list[int] = sized.tolist()
+            for i in reversed(p.order):
+                while free < 0 and size[i] > 0:
                     smaller = [n for n in jobs[i].sizes if n < size[i]]
                     nxt = smaller[-1] if smaller else 0
                     free += size[i] - nxt
                     size[i] = nxt
-        # padding: new jobs at their start size, then executed jobs up to their current
-        # size, then up to their cap, shortest predicted remaining time first
-        for i in p.new_jobs:
-            if size[i] == 0 and jobs[i].sizes[0] <= free:
-                size[i] = jobs[i].sizes[0]
-                free -= size[i]
-        sized = np.array(size, dtype=np.int64)
-        for limits in (p.grow_current, p.grow_cap):
-            gaps = np.maximum(limits - sized[p.growers], 0)
-            need = int(gaps.sum())
-            if need <= free:
+                if free >= 0:
+                    break
+            sized = np.array(size, dtype=np.int64)
+        # padding, shortest predicted remaining time first: every job up to the GPUs it
+        # asked for (new jobs from their start size), then up to its cap
+        for limits in (p.asked_limit, p.cap_limit):
+            if free == 0:
+                break
+            now = sized[p.changeable]
+            if limits is p.cap_limit:
+                limits = np.where(now > 0, limits, 0)  # growth is for jobs padded in
+            gaps = np.maximum(limits - now, 0)
+            if int(gaps.sum()) <= free:
                 # room for every job to reach its limit: the walk below would give it
-                sized[p.growers] += gaps
-                free -= need
+                fitting = (p.ladder[p.changeable] <= np.maximum(limits, now)[:, None]).sum(axis=1)
+                reached = np.where(
+                    fitting > 0, p.ladder[p.changeable, np.maximum(fitting - 1, 0)], 0
+                )
+                reached = np.maximum(reached, now)
+                free -= int((reached - now).sum())
+                sized[p.changeable] = reached
                 continue
-            for i in p.by_one_gpu:
+            for k, i in enumerate(p.order):
                 if free == 0:
                     break
-                now = int(sized[i])
-                room = min(int(limits[p.grower_at[i]]), now + free)
-                fitting = [n for n in jobs[i].sizes if now < n <= room]
+                have = int(sized[i])
+                room = min(max(int(limits[k]), have), have + free)
+                if room <= have:
+                    continue
+                fitting = [n for n in jobs[i].sizes if have < n <= room]
                 if fitting:
-                    free -= fitting[-1] - now
+                    free -= fitting[-1] - have
                     sized[i] = fitting[-1]
         return self._layout(p, sized)
 
@@ -467,13 +517,21 @@ class Ones:
 
     # ---- the search -------------------------------------------------------------------
     def _fitness(self, p: _Problem, genes: np.ndarray) -> float:
-        """Predicted remaining GPU-seconds of every job: at the size a candidate gives
-        it, or, left out, at its smallest size (it still has that work to do later)."""
+        """Minus the rate at which the placed jobs finish: the sum over them of one over
+        the predicted remaining seconds at the size a candidate gives them, plus
+        ``restart_s`` where that size is not the one they run at (lower is better)."""
         held = np.bincount(genes[genes >= 0], minlength=len(p.jobs))
-        at = np.where(held > 0, (p.ladder == held[:, None]).argmax(axis=1), 0)
+        if not len(p.jobs):
+            return 0.0
+        placed = held > 0
+        at = np.where(placed, (p.ladder == held[:, None]).argmax(axis=1), 0)
+        seconds = p.seconds[p.rows, at] + np.where(
+            placed & (p.current > 0) & (held != p.current), self.restart_s, 0.0
+        )
+        rate = np.where(placed, 1.0 / np.maximum(seconds, 1e-9), 0.0)
         # summed in job order (a cumulative sum), as a Python sum would: a different
         # rounding could reorder candidates of equal cost
-        return float(np.cumsum(p.cost[p.rows, at])[-1]) if len(p.jobs) else 0.0
+        return -float(np.cumsum(rate)[-1])
 
     def _generation(self, problem: _Problem) -> list[tuple[float, np.ndarray]]:
         jobs, total = problem.jobs, problem.total
@@ -525,7 +583,7 @@ class Ones:
         )
         if self._settled(snapshot, jobs):
             if not self._population:
-                now = _Problem(snapshot, jobs).occupancy
+                now = _Problem(snapshot, jobs, self.restart_s).occupancy
                 self._population = [now.copy() for _ in range(POPULATION)]
                 self._population_ids = [job.view.job_id for job in jobs]
             for job in jobs:
@@ -539,7 +597,7 @@ class Ones:
                 default_reason=default,
                 wake_at=self._wake_at(snapshot, jobs, False),
             )
-        kept = self._generation(_Problem(snapshot, jobs))
+        kept = self._generation(_Problem(snapshot, jobs, self.restart_s))
         self._population = [genes for _, genes in kept]
         self._population_ids = [job.view.job_id for job in jobs]
         self.best_fitness, best = kept[0]
@@ -556,8 +614,10 @@ class Ones:
 
     def _settling_s(self, view: JobView) -> float:
         """How long a job runs at a shape before it may change: one epoch where the
-        driver knows its length (ONES's rule), else ``min_run_s``."""
-        return self.min_run_s if view.epoch_s is None else view.epoch_s
+        driver knows its length (ONES's rule) and it is shorter than ``min_run_s``, else
+        ``min_run_s`` (four restarts' worth by default, ours: an epoch of a job on one
+        GPU can be half its training, and ONES's gate then held it there for hours)."""
+        return self.min_run_s if view.epoch_s is None else min(view.epoch_s, self.min_run_s)
 
     def _wake_at(self, snapshot: Snapshot, jobs: list[_Job], changed: bool) -> float | None:
         """When to run the next generation with no event: when the first frozen job may
@@ -646,6 +706,50 @@ def _largest_useful_batch(snapshot: Snapshot, model: str) -> int:
     estimates = snapshot.estimates
     curve = estimates.convergence(model) if isinstance(estimates, ConvergenceSource) else None
     return sys.maxsize if curve is None else int(curve.max_batch)
+
+
+def _worth_growing(job: _Job, restart_s: float) -> int:
+    """The largest size padding may give ``job``: any of its sizes for a new job; for a
+    running one its size now or a larger one whose predicted remaining time plus the
+    restart is shorter than at its size now."""
+    if job.kind != "running" or job.current not in job.cost:
+        return job.sizes[-1]
+    now = job.cost[job.current][0]
+    return max(
+        n for n in job.sizes if n <= job.current or job.cost[n][0] + restart_s < now
+    )
+
+
+def _samples_at(
+    curves: dict[tuple[str, int], np.ndarray],
+    curve: Convergence,
+    view: JobView,
+    samples: float,
+    batch: int,
+) -> float:
+    """Samples a job with ``samples`` left at its batch has left at ``batch``: the
+    progress it made carries over (the convergence curve's statistical efficiency, as
+    the simulator's ``remaining_after_resize``). ``curves`` caches each batch's
+    cumulative iterations per progress knot."""
+    if batch == view.batch_size or samples <= 0:
+        return samples
+
+    def at(b: int) -> np.ndarray:
+        found = curves.get((view.model, b))
+        if found is None:
+            found = curves[(view.model, b)] = np.asarray(curve.curve(b))
+        return found
+
+    knots = np.asarray(curve.knots)
+    old, new = at(view.batch_size), at(batch)
+    # the curve's iterations left at the job's batch (at most its whole run there), and
+    # at ``batch`` from the same progress; their ratio scales the job's own estimate
+    now = min(samples / view.batch_size, float(old[-1]))
+    if now <= 0:
+        return samples
+    progress = float(np.interp(old[-1] - now, old, knots))
+    then = float(new[-1] - np.interp(progress, knots, new))
+    return samples * (batch * then) / (view.batch_size * now)
 
 
 def _doubling_floor(n: int) -> int:
