@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -13,7 +14,13 @@ from gpusched.libs.core.convergence import builtin_convergence
 from gpusched.libs.core.decision import Decision, decision_problems
 from gpusched.libs.core.snapshot import Snapshot
 from gpusched.services.scheduler.policies import POLICIES
-from gpusched.services.scheduler.policies.ones import POPULATION, Ones, _samples_at
+from gpusched.services.scheduler.policies.ones import (
+    NONE,
+    POPULATION,
+    Ones,
+    _Problem,
+    _samples_at,
+)
 from gpusched.services.scheduler.simulator import SimConfig, simulate
 from tests.builders import TablePerf, cluster, job, pending, running, snapshot
 
@@ -317,3 +324,28 @@ def test_a_preempted_job_grown_past_what_it_asked_for_restarts_at_half_its_size(
     decision = policy.decide(snap)
     assert decision_problems(snap, decision) == []
     assert [(s.job_id, len(s.gpu_ids)) for s in decision.starts] == [("p", 4)]
+
+
+def test_the_gpus_a_restart_leaves_idle_are_charged_against_the_whole_schedule():
+    """A job with hundreds of hours left loses nothing by a 30 s restart of its own, so
+    the fitness also takes off the share of the cluster's GPU time over ``min_run_s``
+    that the restarting GPUs stand idle."""
+    cl = cluster(1, 4, gpu_mem_mb=16_000)
+    run = [
+        running("long", 1e6, (0, 1), batch=64, as_of=1000.0),
+        running("short", 1000.0, (2,), as_of=1000.0),
+    ]
+    snap = snapshot(cl, PERF, [], run, now=1000.0)
+    policy = Ones(restart_s=30.0, min_run_s=120.0)
+    jobs, _, _ = policy._jobs(snap)
+    problem = _Problem(snap, jobs, policy.restart_s)
+    at = {job.view.job_id: job.cost for job in jobs}
+    stay = problem.occupancy.copy()
+    assert policy._fitness(problem, stay) == pytest.approx(
+        -(1 / at["long"][2][0] + 1 / at["short"][1][0])
+    )
+    # the long job shrinks to one GPU, the short one grows onto it and the idle GPU:
+    # both restart, 2 + 2 GPUs idle for 30 s of the 4 GPUs' 120 s
+    moved = np.array([0, 1, 1, NONE])
+    rate = 1 / (at["long"][1][0] + 30.0) + 1 / (at["short"][2][0] + 30.0)
+    assert policy._fitness(problem, moved) == pytest.approx(-rate * (1 - 30.0 * 4 / (4 * 120.0)))
