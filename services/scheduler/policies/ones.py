@@ -34,8 +34,9 @@ Where this differs from the method's description (DESIGN.md section 5, ONES), an
   ``JobView.started_at``) or after ``min_run_s`` (120 s, four restarts), whichever comes
   first; until then it is frozen where it runs. New jobs get the same, not two epochs.
   ONES's epoch alone held jobs whose epoch is long for hours at a size.
-- A running job that has run ``min_run_s`` at its size may double once (its cap is twice
-  its current size); run time in the scale-down rule is the time since its last change.
+- A running job past that gate may double once (its cap is twice its current size, and
+  at most 4x the GPUs it asked for, as ONES has it); run time in the scale-down rule is
+  the time since its last change.
 - ONES holds the global batch once the learning rate reaches ``max_lr``; here it is held
   at the largest batch the model's convergence curve was measured at (where the
   estimates know one), and the per-GPU batch shrinks past it.
