@@ -465,6 +465,8 @@ class Timeline:
         #: nodes this decision's starts changed, and those starts' releases
         self._mine: list[tuple[float, dict[int, int]]] = []
         self._dirty: set[int] = set()
+        #: a changed node's releases, the running jobs' and this decision's, in order
+        self._merged: dict[int, list[tuple[float, int]]] = {}
         #: GPU count -> (when each node first has that many idle, node), soonest first
         self._by_time: dict[int, list[tuple[float, int]]] = {}
 
@@ -474,6 +476,11 @@ class Timeline:
             freed[self._node_of[gpu]] = freed.get(self._node_of[gpu], 0) + 1
         self._mine.append((end, freed))
         self._dirty.update(freed)
+        for node, count in freed.items():
+            merged = self._merged.get(node)
+            if merged is None:
+                merged = self._merged[node] = list(self._per_node[node])
+            bisect.insort(merged, (end, count))
 
     @staticmethod
     def _when(idle: int, releases: Iterable[tuple[float, int]], gpus: int) -> float:
@@ -503,8 +510,7 @@ class Timeline:
         if self._dirty:
             idle = self._free.free_per_node()
             for node in self._dirty - held:
-                mine = [(end, freed[node]) for end, freed in self._mine if node in freed]
-                at = self._when(idle[node], sorted(self._per_node[node] + mine), gpus)
+                at = self._when(idle[node], self._merged[node], gpus)
                 if at < math.inf and (best is None or (at, node) < best):
                     best = (at, node)
         return best
