@@ -1,4 +1,5 @@
-"""Pollux workloads on 16 nodes x 4 GPUs: the elastic `ones` (several seeds) against
+"""Pollux workloads on 16 nodes x 4 GPUs: the elastic `ones` (several seeds; also with new
+jobs starting at up to the GPUs they asked for, `start_on_one_gpu=False`) against
 `tiresias` and `srtf`, with jobs that end on convergence (each model's curve from the
 Pollux training-progress traces). Prints average, median and p99 JCT per policy.
 
@@ -45,7 +46,10 @@ def main() -> None:
         print(f"{path.name}: {len(jobs)} jobs")
         runs = [("tiresias", make_policy("tiresias")), ("srtf", make_policy("srtf"))]
         runs += [(f"ones seed {s}", Ones(seed=s)) for s in range(args.seeds)]
-        ones_means = []
+        runs += [(f"ask seed {s}", Ones(seed=s, start_on_one_gpu=False))
+                 for s in range(args.seeds)]  # fmt: skip
+        ones_means: list[float] = []
+        ask_means: list[float] = []
         for label, policy in runs:
             began = time.perf_counter()
             result = simulate(cluster, jobs, policy, truth)
@@ -54,15 +58,17 @@ def main() -> None:
             mean = statistics.mean(jct)
             if label.startswith("ones"):
                 ones_means.append(mean)
+            elif label.startswith("ask"):
+                ask_means.append(mean)
             p99 = statistics.quantiles(jct, n=100)[98]
             print(
                 f"  {label:<12} avg JCT {mean:7.0f} s  median {statistics.median(jct):6.0f} s"
                 f"  p99 {p99:7.0f} s  util {result.gpu_util:5.1%}  resizes {result.resizes:4d}"
                 f"  preemptions {result.preemptions:4d}  wall {wall_s:5.1f} s"
             )
-        if ones_means:
-            mean = statistics.mean(ones_means)
-            print(f"  ones over {len(ones_means)} seeds: avg JCT {mean:.0f} s")
+        for what, means in (("ones", ones_means), ("ones, start at ask", ask_means)):
+            if means:
+                print(f"  {what} over {len(means)} seeds: avg JCT {statistics.mean(means):.0f} s")
 
 
 if __name__ == "__main__":

@@ -57,11 +57,13 @@ class Recorded:
         assert len(self.inner.population) == POPULATION
         for start in decision.starts:
             view = snap.job(start.job_id)
-            # a new job starts on one GPU, a preempted one at half its last size, or on
-            # more, doubling, up to the GPUs it asked for
+            # a new job starts on exactly one GPU, a preempted one at half its last size
+            # (without start_on_one_gpu: or on more, doubling, up to what it asked for)
             half = max(1, view.gpus // 2)
             smallest = 1 << (half.bit_length() - 1) if view.preemptions else 1
             n = len(start.gpu_ids)
+            if self.inner.start_on_one_gpu:
+                assert n == smallest
             assert n == smallest or smallest < n <= self.asked[start.job_id]
             assert n & (n - 1) == 0 or n == smallest
             assert _contiguous(start.gpu_ids)
@@ -107,10 +109,11 @@ def test_ones_is_registered():
     assert isinstance(POLICIES["ones"](), Ones)
 
 
+@pytest.mark.parametrize("start_on_one_gpu", [True, False])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rows=rows, nodes=st.integers(1, 2))
-def test_every_decision_is_valid_capped_and_contiguous(rows, nodes):
-    recorded = Recorded(Ones(min_run_s=30.0))
+def test_every_decision_is_valid_capped_and_contiguous(rows, nodes, start_on_one_gpu):
+    recorded = Recorded(Ones(min_run_s=30.0, start_on_one_gpu=start_on_one_gpu))
     result = simulate(
         cluster(nodes, 4, gpu_mem_mb=16_000),
         _trace(rows),
@@ -144,9 +147,24 @@ def _busy_snapshot() -> Snapshot:
     return snapshot(cl, PERF, wait, run, now=1000.0)
 
 
-def test_every_new_job_starts_at_its_per_gpu_batch_on_at_most_the_gpus_it_asked_for():
+def test_every_new_job_starts_on_exactly_one_gpu_at_its_per_gpu_batch():
     snap = _busy_snapshot()
-    policy = Ones()
+    policy = Ones(seed=3)
+    decision = policy.decide(snap)
+    assert policy.population[0].count("p0") == 1 and policy.population[0].count("p1") == 1
+    for job_id in ("p0", "p1"):
+        started = [s for s in decision.starts if s.job_id == job_id]
+        assert started or "changes size" in decision.why(job_id)
+        for start in started:
+            view = snap.job(job_id)
+            assert len(start.gpu_ids) == 1
+            per_gpu = view.batch_size // view.gpus
+            assert start.batch_size == (None if view.gpus == 1 else per_gpu)
+
+
+def test_starting_at_the_ask_a_new_job_gets_one_gpu_up_to_what_it_asked_for():
+    snap = _busy_snapshot()
+    policy = Ones(start_on_one_gpu=False)
     decision = policy.decide(snap)
     best = policy.population[0]
     # both new jobs are placed in the best schedule, on one GPU up to what they asked
@@ -164,12 +182,15 @@ def test_every_new_job_starts_at_its_per_gpu_batch_on_at_most_the_gpus_it_asked_
             assert start.batch_size == (None if n == view.gpus else per_gpu * n)
 
 
-def test_a_new_job_starts_on_the_gpus_it_asked_for_when_they_are_idle():
+@pytest.mark.parametrize(("start_on_one_gpu", "gpus", "batch"), [(True, 1, 16), (False, 4, None)])
+def test_a_new_job_asking_for_four_idle_gpus_starts_on_one_or_on_the_four(
+    start_on_one_gpu: bool, gpus: int, batch: int | None
+):
     cl = cluster(1, 4, gpu_mem_mb=16_000)
     snap = snapshot(cl, PERF, [pending("p0", 300.0, gpus=4, model="b", batch=64)], [])
-    decision = Ones().decide(snap)
+    decision = Ones(start_on_one_gpu=start_on_one_gpu).decide(snap)
     assert [(s.job_id, len(s.gpu_ids), s.batch_size) for s in decision.starts] == [
-        ("p0", 4, None)
+        ("p0", gpus, batch)
     ]
 
 

@@ -26,10 +26,10 @@ the restarts leave idle (``restart_s`` x the GPUs of the running jobs that chang
 Where this differs from the method's description (DESIGN.md section 5, ONES), and why:
 
 - A new job starts at its per-GPU batch (an elastic ``Start`` with ``batch_size``) on
-  one GPU or, doubling, on up to the GPUs it asked for (ONES starts every job on one
-  GPU: a job then spent its first epochs far below the size it asked for, a bert job
-  one of its two epochs on one GPU); an unplaced preempted job restarts at half its last
-  size, on the doubling ladder.
+  one GPU, as in ONES; with ``start_on_one_gpu=False`` (ours) on one GPU or, doubling,
+  on up to the GPUs it asked for (on one GPU a job spends its first epoch or
+  ``min_run_s`` far below the size it asked for). An unplaced preempted job restarts at
+  half its last size, on the doubling ladder.
 - A job may change after one epoch at its current shape (``JobView.epoch_s``, since
   ``JobView.started_at``) or after ``min_run_s`` (120 s, four restarts), whichever comes
   first; until then it is frozen where it runs. New jobs get the same, not two epochs.
@@ -226,6 +226,9 @@ class Ones:
     #: a simulator gives converging jobs the remaining time its progress predictor
     #: sees in their epochs (ONES's fitness counts predicted remaining samples)
     predicts_progress: bool = True
+    #: ONES's rule: every new job starts on exactly one GPU. False (ours): on one GPU or,
+    #: doubling, on up to the GPUs it asked for (docs/results.md measures both)
+    start_on_one_gpu: bool = True
     #: queued jobs the search sees beyond the idle GPUs (see ``_window``)
     queue_margin: int = 8
     queue_sort: QueueSort | None = FIFO_ORDER
@@ -355,10 +358,10 @@ class Ones:
             )
             if not view.running:
                 kind = "new"
-                # a new job starts on one GPU, a preempted one at half its last size, or
-                # on more, doubling, up to the GPUs it asked for
+                # a new job starts on one GPU, a preempted one at half its last size (or,
+                # unless ``start_on_one_gpu``, on more, doubling, up to what it asked for)
                 ladder = [_doubling_floor(max(1, view.gpus // 2)) if view.preemptions else 1]
-                while ladder[-1] * 2 <= min(total, asked_gpus):
+                while not self.start_on_one_gpu and ladder[-1] * 2 <= min(total, asked_gpus):
                     ladder.append(ladder[-1] * 2)
             elif now - view.started_at < self._settling_s(view):
                 kind = "frozen"
