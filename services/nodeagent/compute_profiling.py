@@ -29,8 +29,6 @@ gloo measurement does not see.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import datetime
 import json
 import os
@@ -49,6 +47,7 @@ from gpusched.libs.common.schemas import (
     LinkProfile,
     NodeInfo,
 )
+from gpusched.services.nodeagent.cpu_profiling import run_measuring_process
 
 #: float32 all-reduce sizes of a link measurement, bytes
 LINK_SIZES = (2**12, 2**16, 2**20, 2**22, 2**24)
@@ -109,24 +108,11 @@ async def measure_compute_profile(
     ]  # fmt: skip
     if request.links:
         arguments += ["--links", "--address", address, "--repeats", str(settings.link_repeats)]
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpusched.services.nodeagent.compute_profiling", *arguments,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
+    measured = await run_measuring_process(
+        "gpusched.services.nodeagent.compute_profiling", arguments, env, settings.timeout_s,
+        failed=lambda why: ComputeProfilingError(f"profiling {request.model} {why}"),
+        own_group=True,  # the measuring process and its peer of the link measurement
     )  # fmt: skip
-    try:
-        out, err = await asyncio.wait_for(process.communicate(), settings.timeout_s)
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, 9)  # the measuring process and its peer
-        await process.wait()
-        raise
-    if process.returncode != 0:
-        tail = err.decode(errors="replace").strip().splitlines()[-3:]
-        raise ComputeProfilingError(
-            f"profiling {request.model} exited {process.returncode}: {' | '.join(tail)}"
-        )
-    measured = json.loads(out.decode().strip().splitlines()[-1])
     now = time.time()
     links = None
     if measured["links"] is not None:

@@ -35,8 +35,9 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpusched.libs.common.schemas import CpuProfile, CpuProfilePoint, NodeInfo
 from gpusched.services.nodeagent.cores import real_cores
@@ -46,6 +47,41 @@ GIB = 2**30
 
 class CpuProfilingError(RuntimeError):
     """The profile could not be measured (unknown model, the process failed)."""
+
+
+async def run_measuring_process(
+    module: str,
+    arguments: Sequence[str],
+    env: dict[str, str],
+    timeout_s: float,
+    *,
+    failed: Callable[[str], Exception],
+    own_group: bool = False,
+) -> Any:
+    """Run ``python -m module arguments`` and return the JSON of its last output line.
+
+    Killed after ``timeout_s`` or when the caller is cancelled, with the processes it
+    started too where it runs as its own process group (``own_group``); a non-zero exit
+    raises ``failed("exited N: <last lines of its stderr>")``."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", module, *arguments,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=env, start_new_session=own_group,
+    )  # fmt: skip
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), timeout_s)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            if own_group:
+                os.killpg(process.pid, 9)
+            else:
+                process.kill()
+        await process.wait()
+        raise
+    if process.returncode != 0:
+        tail = err.decode(errors="replace").strip().splitlines()[-3:]
+        raise failed(f"exited {process.returncode}: {' | '.join(tail)}")
+    return json.loads(out.decode().strip().splitlines()[-1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,24 +139,10 @@ async def measure_cpu_profile(
     ]  # fmt: skip
     # torch's threads share their cores with the pipeline's workers: none may spin
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpusched.services.nodeagent.cpu_profiling", *arguments,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=env,
+    measured = await run_measuring_process(
+        "gpusched.services.nodeagent.cpu_profiling", arguments, env, settings.timeout_s,
+        failed=lambda why: CpuProfilingError(f"profiling {model} {why}"),
     )  # fmt: skip
-    try:
-        out, err = await asyncio.wait_for(process.communicate(), settings.timeout_s)
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        await process.wait()
-        raise
-    if process.returncode != 0:
-        tail = err.decode(errors="replace").strip().splitlines()[-3:]
-        raise CpuProfilingError(
-            f"profiling {model} exited {process.returncode}: {' | '.join(tail)}"
-        )
-    measured = json.loads(out.decode().strip().splitlines()[-1])
     return CpuProfile(
         model=model,
         node=node.name,
