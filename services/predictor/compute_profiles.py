@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Mapping
+from typing import Any, TypeVar
 
 import msgspec
 import structlog
@@ -152,6 +153,34 @@ class ProfilingFailed(RuntimeError):
     """A node did not measure a compute profile."""
 
 
+_Reply = TypeVar("_Reply", bound=msgspec.Struct)
+
+
+async def ask_node(
+    nc: Client,
+    subject: str,
+    request: msgspec.Struct,
+    reply_type: type[_Reply],
+    timeout_s: float,
+    bound: Any,
+    what: str,
+) -> _Reply | None:
+    """Ask a node agent to measure a ``what`` profile; its reply, or None (logged on
+    ``bound``) when the request, the agent or the decoding failed."""
+    try:
+        reply = await nc.request(
+            subject, codec.encode(request), timeout=timeout_s, headers=codec.headers()
+        )
+        error = (reply.headers or {}).get(ERROR_HEADER)
+        if error:
+            bound.warning(f"measuring a {what} profile failed", error=error)
+            return None
+        return codec.decode(reply.data, reply_type)
+    except Exception as exc:
+        bound.warning(f"measuring a {what} profile failed", error=repr(exc))
+        return None
+
+
 class ComputeProfiler:
     """The predictor's compute profiles: stored, measured on request, published."""
 
@@ -249,18 +278,11 @@ class ComputeProfiler:
         request = msgspec.structs.replace(
             wanted, node=None, links=self.links is None or wanted.refresh
         )
-        try:
-            reply = await self._nc.request(
-                subjects.node_compute_profile(node), codec.encode(request),
-                timeout=self.timeout_s, headers=codec.headers(),
-            )  # fmt: skip
-            error = (reply.headers or {}).get(ERROR_HEADER)
-            if error:
-                bound.warning("measuring a compute profile failed", error=error)
-                return None
-            profile = codec.decode(reply.data, ComputeProfile)
-        except Exception as exc:
-            bound.warning("measuring a compute profile failed", error=repr(exc))
+        profile = await ask_node(
+            self._nc, subjects.node_compute_profile(node), request, ComputeProfile,
+            self.timeout_s, bound, "compute",
+        )  # fmt: skip
+        if profile is None:
             return None
         if profile.links is not None:
             self.links = profile.links

@@ -65,7 +65,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
-from nats.micro.request import ERROR_HEADER, Request, ServiceError
+from nats.micro.request import Request, ServiceError
 from nats.micro.service import Service
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -97,7 +97,7 @@ from gpusched.libs.common.schemas import (
 )
 from gpusched.libs.core.groundtruth import load_performance_model
 from gpusched.libs.core.perf import UnknownModelError
-from gpusched.services.predictor.compute_profiles import ComputeProfiler
+from gpusched.services.predictor.compute_profiles import ComputeProfiler, ask_node
 from gpusched.services.predictor.config import PredictorConfig
 from gpusched.services.predictor.model import BaselinePredictor, Learned
 from gpusched.services.predictor.progress import (
@@ -172,6 +172,14 @@ def decode_as(data: bytes, headers: dict[str, str] | None, kind: type[R]) -> tup
     except msgspec.DecodeError as exc:
         encoding = "JSON" if as_json else "MessagePack"
         raise BadRequest(f"bad {kind.__name__} ({encoding}): {exc}") from None
+
+
+def decode_or_400(request: Request, kind: type[R]) -> tuple[R, bool]:
+    """``decode_as`` for a service endpoint: a bad request answers 400 with why."""
+    try:
+        return decode_as(request.data, request.headers, kind)
+    except BadRequest as exc:
+        raise ServiceError("400", _one_line(str(exc))) from None
 
 
 def _one_line(text: str) -> str:
@@ -419,10 +427,7 @@ class PredictorService:
 
     async def _answer_cpu_profile(self, request: Request) -> None:
         async def work() -> tuple[msgspec.Struct, bool]:
-            try:
-                wanted, as_json = decode_as(request.data, request.headers, CpuProfileRequest)
-            except BadRequest as exc:
-                raise ServiceError("400", _one_line(str(exc))) from None
+            wanted, as_json = decode_or_400(request, CpuProfileRequest)
             profile = self.predictor.cpu_profile(wanted.model)
             if wanted.node is not None and (profile is None or wanted.refresh):
                 try:
@@ -443,10 +448,7 @@ class PredictorService:
 
     async def _answer_compute_profile(self, request: Request) -> None:
         async def work() -> tuple[msgspec.Struct, bool]:
-            try:
-                wanted, as_json = decode_as(request.data, request.headers, ComputeProfileRequest)
-            except BadRequest as exc:
-                raise ServiceError("400", _one_line(str(exc))) from None
+            wanted, as_json = decode_or_400(request, ComputeProfileRequest)
             return await self.compute.answer(wanted), as_json
 
         await self._serve("compute_profile", request, work)
@@ -490,18 +492,11 @@ class PredictorService:
     async def _measure(self, model: str, node: str) -> CpuProfile | None:
         assert self._nc is not None
         bound = log.bind(model=model, node=node)
-        try:
-            reply = await self._nc.request(
-                subjects.node_profile(node), codec.encode(CpuProfileRequest(model=model)),
-                timeout=self.config.profile_timeout_s, headers=codec.headers(),
-            )  # fmt: skip
-            error = (reply.headers or {}).get(ERROR_HEADER)
-            if error:
-                bound.warning("measuring a CPU profile failed", error=error)
-                return None
-            profile = codec.decode(reply.data, CpuProfile)
-        except Exception as exc:
-            bound.warning("measuring a CPU profile failed", error=repr(exc))
+        profile = await ask_node(
+            self._nc, subjects.node_profile(node), CpuProfileRequest(model=model), CpuProfile,
+            self.config.profile_timeout_s, bound, "CPU",
+        )  # fmt: skip
+        if profile is None:
             return None
         self.predictor.observe_cpu_profile(profile)
         with contextlib.suppress(Exception):
