@@ -70,7 +70,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, islice, tee
 
@@ -165,15 +165,15 @@ class Genie:
         if has_priorities(snapshot):
             ordered = list(by_priority(list(ordered)))
         spread = self._spread if self.placement_over_time else None
-        kept = self._plans.live(snapshot) if spread is not None else {}
+        plans = self._plans if spread is not None else None
+        kept = plans.live(snapshot) if plans is not None else {}
         if not snapshot.free_gpus:
             # nothing starts, but a job past hope or deferred still hears why it waits
             decision = greedy_exclusive(snapshot, (), backfill=True)
         elif deferred or kept:
             decision = placing(
-                snapshot, ordered, self._shapes, hold=bool(deferred), spread=spread,
-                kept=kept, plans=self._plans,
-            )  # fmt: skip
+                snapshot, ordered, self._shapes, hold=bool(deferred), spread=spread, plans=plans
+            )
         elif spread is None:
             decision = greedy_exclusive(snapshot, ordered, backfill=True, shapes=self._shapes)
         else:
@@ -183,7 +183,7 @@ class Genie:
             decision = greedy_exclusive(snapshot, ordered, backfill=True, shapes=self._shapes)
             if any(spread.is_spread(start, snapshot) for start in decision.starts):
                 decision = placing(
-                    snapshot, again, self._shapes, hold=False, spread=spread, plans=self._plans
+                    snapshot, again, self._shapes, hold=False, spread=spread, plans=plans
                 )
         started = {start.job_id for start in decision.starts}
         reasons = {
@@ -280,7 +280,6 @@ def placing(
     hold: bool,
     spread: SpreadCost | None,
     skip_early: bool = True,
-    kept: Mapping[str, Plan] | None = None,
     plans: PlansKept | None = None,
 ) -> Decision:
     """``greedy_exclusive`` with backfill, and two ways of holding GPUs (see the module).
@@ -295,9 +294,9 @@ def placing(
     ``skip_early`` passes over a job that cannot start, once that is plain, writing
     only why it waits (off, every job goes through every step: the same outcome).
 
-    ``kept``: plans earlier decisions made for jobs still queued (``PlansKept``); such a
-    job that cannot start now holds its plan's GPUs again when its turn comes. The
-    plans of this decision's waiting jobs go to ``plans``."""
+    ``plans``: the plans earlier decisions made (``PlansKept``, brought to ``now`` by the
+    caller); a job of one that cannot start now holds its plan's GPUs again when its
+    turn comes. The plans of this decision's waiting jobs are added to them."""
     now = snapshot.now
     free = FreeGpus(snapshot)
     starts: list[Start] = []
@@ -306,7 +305,7 @@ def placing(
     held: JobView | None = None
     held_at, spare = 0.0, 0
     waits = Waits(snapshot, free, shapes)
-    kept = kept or {}
+    kept = plans.current if plans is not None else {}
     timeline: Timeline | None = None
     skipped: dict[str, tuple[JobView, int, int]] = {}
     block = -1  # the largest idle block when jobs were last skipped; -1: work it out
@@ -417,6 +416,11 @@ class PlansKept:
     def __init__(self) -> None:
         self._plans: dict[str, Plan] = {}
         self._now = -math.inf
+
+    @property
+    def current(self) -> dict[str, Plan]:
+        """The plans as the last ``live`` left them."""
+        return self._plans
 
     def live(self, snapshot: Snapshot) -> dict[str, Plan]:
         """The plans whose moment has not come. A job leaves the queue by a start, which
