@@ -536,17 +536,15 @@ class Ones:
         if not len(p.jobs):
             return 0.0
         placed = held > 0
+        moved = (p.current > 0) & (held != p.current)  # running jobs a candidate resizes
         at = np.where(placed, (p.ladder == held[:, None]).argmax(axis=1), 0)
-        seconds = p.seconds[p.rows, at] + np.where(
-            placed & (p.current > 0) & (held != p.current), self.restart_s, 0.0
-        )
+        seconds = p.seconds[p.rows, at] + np.where(placed & moved, self.restart_s, 0.0)
         rate = np.where(placed, 1.0 / np.maximum(seconds, 1e-9), 0.0)
         # summed in job order (a cumulative sum), as a Python sum would: a different
         # rounding could reorder candidates of equal cost
         total = float(np.cumsum(rate)[-1])
         # the GPUs of running jobs that change size stand idle for a restart, a share
         # of the cluster's time over the ``min_run_s`` the schedule stands at least
-        moved = (p.current > 0) & (held != p.current)
         idle = float(np.maximum(held, p.current)[moved].sum())
         return -total * (1 - self.restart_s * idle / (p.total * max(self.min_run_s, 1e-9)))
 
