@@ -342,6 +342,10 @@ def test_the_simulator_never_lets_a_node_exceed_its_cpus_or_memory(
     assert all(j.finish_time is not None for j in result.jobs)
     for snap in policy.seen:
         cpus, mem = recomputed_use(snap)
+        # the flag lets the check skip counting CPUs and memory: it must never be wrong
+        assert snap.own_allocations == any(
+            v.cpus is not None or v.mem_gb is not None for v in snap.running
+        )
         assert snap.node_cpus_used == pytest.approx(cpus, abs=1e-6)
         assert snap.node_mem_used == pytest.approx(mem, abs=1e-6)
         for node, used_cpus, used_mem in zip(snap.cluster.nodes, cpus, mem, strict=True):

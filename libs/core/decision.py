@@ -113,8 +113,13 @@ class _Booking:
     driver applies it. Only what the decision touches is copied, so checking costs the
     size of the decision rather than of the cluster."""
 
-    def __init__(self, snapshot: Snapshot, memory: PerformanceModel) -> None:
+    def __init__(
+        self, snapshot: Snapshot, memory: PerformanceModel, track_host: bool = True
+    ) -> None:
         self.snapshot = snapshot
+        #: False: every job, before and after, holds the proportional share, which never
+        #: overcommits a node's CPUs or memory, so they are not counted
+        self.track_host = track_host
         self.memory = memory
         self.load: dict[int, int] = {}
         self.mem_used: dict[int, float] = {}
@@ -126,7 +131,7 @@ class _Booking:
         self.host: HostUse | None = None
         self._holders: dict[int, int] | None = None
         self._all_share = False
-        if snapshot.node_cpus_used and snapshot.node_mem_used:
+        if track_host and snapshot.node_cpus_used and snapshot.node_mem_used:
             self.host_use()
 
     # ---- what the snapshot says, as changed so far ----------------------------------
@@ -266,6 +271,8 @@ class _Booking:
         ]
         if problems:
             return problems
+        if not self.track_host:
+            return []  # only shares, before and after (see __init__)
         held = self.held_by(job_id)
         host = self.host_use()
         if cpus == held.cpus and mem_gb == held.mem_gb:
@@ -379,7 +386,15 @@ def decision_problems(
     sizes jobs (default: ``snapshot.estimates``; it must be the model the snapshot's
     ``gpu_mem_used`` was summed with). Problems read as a sentence after the policy's
     name, e.g. "started j3, which is not pending"."""
-    booking = _Booking(snapshot, memory or snapshot.estimates)
+    own = snapshot.own_allocations
+    if own is None:
+        own = any(v.cpus is not None or v.mem_gb is not None for v in snapshot.running)
+    track_host = (
+        own
+        or bool(decision.reallocations)
+        or any(s.cpus is not None or s.mem_gb is not None for s in decision.starts)
+    )
+    booking = _Booking(snapshot, memory or snapshot.estimates, track_host)
     problems: list[str] = []
     for preempt in decision.preemptions:
         problems.extend(booking.preempt(preempt))

@@ -110,6 +110,10 @@ class Snapshot:
     #: GPU-proportional share for jobs without one); empty: the driver does not track them
     node_cpus_used: tuple[float, ...] = ()
     node_mem_used: tuple[float, ...] = ()
+    #: whether some running job holds a CPU/memory allocation of its own rather than the
+    #: GPU-proportional share (None: a check looks). Shares alone never overcommit a
+    #: node, so with False a decision that gives no allocation is checked on GPUs only
+    own_allocations: bool | None = None
     #: whether some queued or running job has a priority other than 0 (None: a policy
     #: looks); with False a policy skips the priority pass, with True it runs it
     prioritized: bool | None = None

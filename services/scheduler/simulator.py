@@ -197,6 +197,8 @@ class Simulator:
         self._specs_by_id = {s.job_id: s for s in self.specs}
         #: whether a job has a priority, for the snapshot (policies skip it otherwise)
         self.prioritized = any(s.priority for s in self.specs)
+        #: running jobs that hold a CPU/memory allocation of their own
+        self.own_allocations = 0
         self.jobs: dict[str, SimJob] = {}
         self.pending: dict[str, JobView] = {}
         self.queue = SortedQueue(getattr(policy, "queue_sort", None))
@@ -515,6 +517,8 @@ class Simulator:
     def _release(self, job: SimJob) -> list[SimJob]:
         partners = self._partners(job)
         self.host.add(job.gpu_ids, job.cpus, job.mem_gb, -1)
+        if job.cpus is not None or job.mem_gb is not None:
+            self.own_allocations -= 1
         job.cpus = job.mem_gb = None
         job.cpu_mem_speedup = 1.0
         node_of = self.cluster.gpu_node
@@ -544,6 +548,7 @@ class Simulator:
             node_free=tuple(self.node_free),
             node_cpus_used=self.host.all_cpus(),
             node_mem_used=self.host.all_mem(),
+            own_allocations=self.own_allocations > 0,
             estimates=self.estimates,
             max_jobs_per_gpu=self.config.max_jobs_per_gpu,
             queue_order=self.queue.order,
@@ -678,6 +683,9 @@ class Simulator:
             return
         self.host.add(job.gpu_ids, job.cpus, job.mem_gb, -1)
         self.host.add(job.gpu_ids, cpus, mem_gb, +1)
+        self.own_allocations += (cpus is not None or mem_gb is not None) - (
+            job.cpus is not None or job.mem_gb is not None
+        )
         job.cpus, job.mem_gb = cpus, mem_gb
         job.cpu_mem_speedup = 1.0
         if cpus is None and mem_gb is None:

@@ -393,6 +393,7 @@ def build_snapshot(
         estimates=estimates,
         queue_order=sort.name if sort is not None else "arrival",
         prioritized=prioritized,
+        own_allocations=any(cpus is not None or mem is not None for _, cpus, mem in allocations),
     )
 
 
