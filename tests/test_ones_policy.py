@@ -22,7 +22,7 @@ from gpusched.services.scheduler.policies.ones import (
     _samples_at,
 )
 from gpusched.services.scheduler.simulator import SimConfig, simulate
-from tests.builders import TablePerf, cluster, job, pending, running, snapshot
+from tests.builders import ConvergingPerf, TablePerf, cluster, job, pending, running, snapshot
 
 PERF = TablePerf(
     iter_s={"a": 1.0, "b": 0.5, "c": 2.0},
@@ -370,3 +370,26 @@ def test_the_gpus_a_restart_leaves_idle_are_charged_against_the_whole_schedule()
     moved = np.array([0, 1, 1, NONE])
     rate = 1 / (at["long"][1][0] + 30.0) + 1 / (at["short"][2][0] + 30.0)
     assert policy._fitness(problem, moved) == pytest.approx(-rate * (1 - 30.0 * 4 / (4 * 120.0)))
+
+
+def test_a_job_starts_and_grows_at_the_batch_its_convergence_curve_makes_fastest():
+    """Where the model's convergence curve is known, the batch at each GPU count is the
+    one with the least predicted remaining time among per-GPU batches from a quarter to
+    8x the asked one (here the iteration time does not grow with the batch, so the
+    largest wins); a job keeps its batch while it keeps its size."""
+    curve = builtin_convergence("cifar10")
+    assert curve is not None
+    perf = ConvergingPerf(iter_s={"a": 1.0}, curves={"a": curve})
+    cl = cluster(1, 2, gpu_mem_mb=64_000)
+    new = snapshot(cl, perf, [pending("p", 5000.0, batch=128)], [])
+    (start,) = Ones().decide(new).starts
+    assert (len(start.gpu_ids), start.batch_size) == (1, 1024)
+    (plain,) = Ones(batch_search=False).decide(new).starts
+    assert (len(plain.gpu_ids), plain.batch_size) == (1, None)
+    grown = snapshot(cl, perf, [], [running("r", 5000.0, (0,), batch=128)], now=1000.0)
+    policy = Ones()
+    policy.decide(snapshot(cl, perf, [pending("r", 5000.0, batch=128)], []))
+    (resize,) = policy.decide(grown).resizes
+    assert (len(resize.gpu_ids), resize.batch_size) == (2, 2048)
+    jobs, _, _ = policy._jobs(grown)
+    assert jobs[0].cost[1][2] == 128
