@@ -393,3 +393,29 @@ def test_a_job_starts_and_grows_at_the_batch_its_convergence_curve_makes_fastest
     assert (len(resize.gpu_ids), resize.batch_size) == (2, 2048)
     jobs, _, _ = policy._jobs(grown)
     assert jobs[0].cost[1][2] == 128
+
+
+def test_a_job_that_grows_where_no_free_block_holds_it_moves_a_job_that_keeps_its_size():
+    """GPUs 0, 5, 6 and 7 are idle and "a" (on 2-3) grows to four: no free block of four
+    holds it, so the jobs are laid out again, largest first, each as near its GPUs as
+    it can be; "c" moves at its size, and the fitness charges it a restart."""
+    cl = cluster(1, 8, gpu_mem_mb=16_000)
+    run = [
+        running("a", 1000.0, (2, 3), batch=64, as_of=1000.0),
+        running("b", 1000.0, (4,), as_of=1000.0),
+        running("c", 1000.0, (1,), as_of=1000.0),
+    ]
+    snap = snapshot(cl, PERF, [], run, now=1000.0)
+    policy = Ones(restart_s=30.0)
+    jobs, _, _ = policy._jobs(snap)
+    assert [j.view.job_id for j in jobs] == ["a", "b", "c"] and 4 in jobs[0].sizes
+    problem = _Problem(snap, jobs, policy.restart_s)
+    laid = policy._layout(problem, np.array([4, 1, 1]))
+    assert laid.tolist()[:4] == [0, 0, 0, 0]
+    assert laid[4] == 1 and list(laid).count(2) == 1 and laid[1] != 2
+    moved_only_c = problem.occupancy.copy()
+    moved_only_c[1], moved_only_c[5] = NONE, 2
+    at = {job.view.job_id: job.cost for job in jobs}
+    rate = 1 / at["a"][2][0] + 1 / at["b"][1][0] + 1 / (at["c"][1][0] + 30.0)
+    share = 1 - 30.0 * 1 / (8 * policy.min_run_s)
+    assert policy._fitness(problem, moved_only_c) == pytest.approx(-rate * share)
