@@ -18,6 +18,7 @@ from gpusched.services.scheduler.policies.ones import (
     NONE,
     POPULATION,
     Ones,
+    _best_block,
     _Problem,
     _samples_at,
 )
@@ -419,3 +420,62 @@ def test_a_job_that_grows_where_no_free_block_holds_it_moves_a_job_that_keeps_it
     rate = 1 / at["a"][2][0] + 1 / at["b"][1][0] + 1 / (at["c"][1][0] + 30.0)
     share = 1 - 30.0 * 1 / (8 * policy.min_run_s)
     assert policy._fitness(problem, moved_only_c) == pytest.approx(-rate * share)
+
+
+def _compacted_block_by_block(policy: Ones, p: _Problem, size: np.ndarray) -> np.ndarray | None:
+    """``Ones._compacted`` as its rule reads: every job's block from ``_best_block``."""
+    placed = np.flatnonzero((size > 0) & ~p.frozen)
+    placed = placed[np.lexsort((p.id_rank[placed], -size[placed]))].tolist()
+    for keep_own in (True, False):
+        again = np.where(np.append(p.frozen, False)[p.occupancy], p.occupancy, NONE)
+        for i in placed:
+            n = int(size[i])
+            own = p.own(i) if keep_own and p.jobs[i].view.gpu_ids else None
+            block = _best_block(again, n, own, p.node_of)
+            if block is None:
+                break
+            again[block : block + n] = i
+        else:
+            return again
+    return None
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    layout=st.lists(st.tuples(st.integers(0, 3), st.sampled_from([1, 1, 2, 4])), max_size=10),
+    queued=st.integers(0, 8),
+    picks=st.lists(st.integers(0, 8), min_size=16, max_size=16),
+)
+def test_laying_every_job_out_again_takes_the_blocks_a_block_by_block_search_takes(
+    layout, queued, picks
+):
+    """The re-layout's shortcuts (a job's own free block, one-GPU jobs from a heap of free
+    runs) choose what ``_best_block`` chooses for every job in turn."""
+    cl = cluster(2, 8, gpu_mem_mb=64_000)
+    run, gpu = [], 0
+    for k, (gap, n) in enumerate(layout):
+        gpu += gap
+        if gpu + n > cl.total_gpus:
+            break
+        run.append(running(f"r{k}", 1000.0 * (k + 1), tuple(range(gpu, gpu + n)),
+                           batch=64, as_of=1000.0))  # fmt: skip
+        gpu += n
+    waiting = [pending(f"q{k}", 500.0 * (k + 1)) for k in range(queued)]
+    snap = snapshot(cl, PERF, waiting, run, now=1000.0)
+    policy = Ones(restart_s=30.0)
+    jobs, _, _ = policy._jobs(snap)
+    problem = _Problem(snap, jobs, policy.restart_s)
+    size, free = np.zeros(len(jobs), dtype=np.int64), problem.total
+    for i, seen in enumerate(jobs):
+        options = [0] + [n for n in seen.sizes if n <= free]
+        size[i] = seen.current if seen.kind == "frozen" else options[picks[i] % len(options)]
+        free -= int(size[i])
+    if free < 0:
+        return  # frozen jobs alone hold more than the draw left: not a layout to check
+    sentinel = problem.occupancy.copy()
+    expected = _compacted_block_by_block(policy, problem, size)
+    laid = policy._compacted(problem, size, sentinel)
+    if expected is None:
+        assert laid is sentinel
+    else:
+        assert laid.tolist() == expected.tolist()

@@ -195,6 +195,11 @@ class _Problem:
                 keepable[i] = _contiguous(ids)
                 self.occupancy[list(ids)] = i
         self.keepable = keepable
+        #: first GPU of the contiguous block a keepable job runs on (-1: none)
+        self.home = np.array(
+            [min(job.view.gpu_ids) if keepable[i] else -1 for i, job in enumerate(jobs)],
+            dtype=np.int64,
+        )
         self.id_rank = np.argsort(np.argsort(np.array([j.view.job_id for j in jobs], dtype=object)))
         #: the changeable jobs (new and running), shortest predicted remaining time on
         #: one GPU first: the order padding fills them in
@@ -576,12 +581,33 @@ class Ones:
         placed = placed[np.lexsort((p.id_rank[placed], -size[placed]))].tolist()
         for keep_own in (True, False):
             again = np.where(np.append(p.frozen, False)[p.occupancy], p.occupancy, NONE)
+            #: free runs while one-GPU jobs placed as ``_best_block`` would place them
+            #: are taken in a row (None: to be read from ``again`` again), as in _layout
+            runs: list[tuple[int, int]] | None = None
             for i in placed:
                 n = int(size[i])
                 own = p.own(i) if keep_own and p.jobs[i].view.gpu_ids else None
-                block = _best_block(again, n, own, p.node_of)
+                home = p.home[i]
+                if own is not None and n == p.current[i] and home >= 0 and (
+                    again[home : home + n] == NONE
+                ).all():
+                    # its own contiguous block, free: the only block of the most overlap
+                    block: int | None = home
+                elif n == 1 and own is None:
+                    if runs is None:
+                        runs = _free_runs(again)
+                    if not runs:
+                        break
+                    length, block = heapq.heappop(runs)
+                    if length > 1:
+                        heapq.heappush(runs, (length - 1, block + 1))
+                    again[block] = i
+                    continue
+                else:
+                    block = _best_block(again, n, own, p.node_of)
                 if block is None:
                     break
+                runs = None
                 again[block : block + n] = i
             else:
                 return again
