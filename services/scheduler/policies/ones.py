@@ -219,6 +219,8 @@ class _Problem:
         )
         self.cap_limit = np.array(worth, dtype=np.int64)
         self._own: dict[int, np.ndarray] = {}
+        #: ``Ones._layout``'s answers by the sizes asked
+        self.laid: dict[bytes, np.ndarray] = {}
 
     def own(self, i: int) -> np.ndarray:
         """Prefix sums over GPUs of job ``i``'s GPUs now (the overlap of a block)."""
@@ -533,7 +535,16 @@ class Ones:
         """Contiguous GPUs for every job of ``size``, moving as few as possible: frozen
         jobs and jobs that keep their size stay where they run; the rest, largest first,
         take the free block that overlaps their current GPUs most, then spans the fewest
-        nodes, then fits the tightest free run. A job no block holds shrinks, or waits."""
+        nodes, then fits the tightest free run. A job no block holds shrinks, or waits.
+        It depends on the decision and ``size`` alone, so each size is laid out once a
+        decision (candidates of a generation often repair to the same sizes)."""
+        key = size.tobytes()
+        laid = p.laid.get(key)
+        if laid is None:
+            laid = p.laid[key] = self._lay_out(p, size)
+        return laid.copy()
+
+    def _lay_out(self, p: _Problem, size: np.ndarray) -> np.ndarray:
         stays = p.frozen | (p.keepable & (size == p.current))
         occ = np.where(np.append(stays, False)[p.occupancy], p.occupancy, NONE)
         movers = np.flatnonzero((size > 0) & ~stays)
