@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from gpusched.libs.core.estimates import NoisyEstimates
 from gpusched.libs.core.groundtruth import ProfilePerformanceModel, load_performance_model
-from gpusched.libs.core.perf import PerformanceModel, UnknownModelError
+from gpusched.libs.core.perf import ConvergenceSource, PerformanceModel, UnknownModelError
 from gpusched.libs.core.profiles.gavel import DOES_NOT_FIT_SLOWDOWN
 from gpusched.libs.core.shape import JobShape
 
@@ -380,6 +380,15 @@ def test_noisy_estimates_mispredict_each_model_by_a_fixed_seeded_factor() -> Non
     assert any(noisy.factor(m) != other.factor(m) for m in MODELS)
     assert len({round(noisy.factor(m), 9) for m in MODELS}) > 1
     assert NoisyEstimates(BUILTIN, sigma=0.0).factor("bert") == 1.0
+
+
+def test_noisy_estimates_know_the_convergence_curves_their_base_knows() -> None:
+    """The noise is in iteration times only: a policy that reads convergence curves
+    (ones) sees the same curves with noisy estimates as with exact ones."""
+    noisy = NoisyEstimates(BUILTIN, sigma=0.3, seed=7)
+    assert isinstance(noisy, ConvergenceSource)
+    assert noisy.convergence("cifar10") is BUILTIN.convergence("cifar10") is not None
+    assert noisy.convergence("resnet18") is BUILTIN.convergence("resnet18") is None
 
 
 @settings(max_examples=100, deadline=None)

@@ -6,7 +6,8 @@ import hashlib
 import math
 import random
 
-from gpusched.libs.core.perf import DelegatingModel, PerformanceModel
+from gpusched.libs.core.convergence import Convergence
+from gpusched.libs.core.perf import ConvergenceSource, DelegatingModel, PerformanceModel
 
 #: |log| of the largest factor `NoisyEstimates` applies (e^100, about 2.7e43)
 MAX_LOG_FACTOR = 100.0
@@ -49,3 +50,9 @@ class NoisyEstimates(DelegatingModel):
     ) -> float:
         exact = self.inner.iteration_time(model, batch_size, gpus, nodes, accum_steps)
         return exact * self.factor(model)
+
+    def convergence(self, model: str) -> Convergence | None:
+        """The base's convergence curve (the noise is in iteration times only), so a
+        policy that reads curves sees them with noisy estimates too."""
+        inner = self.inner
+        return inner.convergence(model) if isinstance(inner, ConvergenceSource) else None
