@@ -39,6 +39,8 @@ async def test_gpusched_policies_gives_every_policy_a_line_of_its_own():
     assert list(lines) == list(POLICIES)
     assert all(lines.values())
     assert len(set(lines.values())) == len(lines), lines
+    # whole sentences, not a docstring's first line cut where it wrapped
+    assert all(d.endswith((".", ")")) for d in lines.values()), lines
 
 
 def test_the_example_job_spec_is_accepted_by_the_admission_decoder():

@@ -373,14 +373,19 @@ POLICY_LINES = {
     "by sensitivity, never below anyone's fair share.",
     "synergy-las": "Synergy-TUNE in least-attained-service order: CPUs and memory by "
     "sensitivity, never below anyone's fair share.",
+    "asrpt": "A-SRPT: preemptive SRPT on predicted virtual work (GPUs x remaining time) "
+    "with backfilling; preempts only jobs whose restart is cheap (our design).",
     "ones": "ONES: each job's GPU count and batch chosen by an online genetic search (its "
     "progress predictor needs torch: the train extra).",
 }
 
 
 def _first_doc_line(obj: object) -> str:
-    doc = type(obj).__doc__ or ""
-    first = doc.strip().splitlines()[0] if doc.strip() else ""
+    """The first sentence of the class docstring's first paragraph, on one line."""
+    paragraph = (type(obj).__doc__ or "").strip().split("\n\n")[0]
+    line = " ".join(paragraph.split())
+    end = line.find(". ")
+    first = line if end < 0 else line[: end + 1]
     return first.replace("``", "")  # reST literals read as noise in a terminal
 
 
