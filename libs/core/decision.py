@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from operator import attrgetter
 from types import MappingProxyType
 
 from gpusched.libs.core.cluster import HostUse
@@ -105,18 +104,21 @@ class _Held:
     mem_gb: float | None = None
 
 
-_cpus_of, _mem_of = attrgetter("cpus"), attrgetter("mem_gb")
-
-
 class _Booking:
     """The snapshot's GPUs as a decision changes them, action by action, in the order a
     driver applies it. Only what the decision touches is copied, so checking costs the
     size of the decision rather than of the cluster."""
 
     def __init__(
-        self, snapshot: Snapshot, memory: PerformanceModel, track_host: bool = True
+        self,
+        snapshot: Snapshot,
+        memory: PerformanceModel,
+        own_allocations: bool,
+        track_host: bool = True,
     ) -> None:
         self.snapshot = snapshot
+        #: whether some running job of the snapshot holds an allocation of its own
+        self.own_allocations = own_allocations
         #: False: every job, before and after, holds the proportional share, which never
         #: overcommits a node's CPUs or memory, so they are not counted
         self.track_host = track_host
@@ -130,7 +132,6 @@ class _Booking:
         #: CPU and host memory per node, built on the first start or reallocation
         self.host: HostUse | None = None
         self._holders: dict[int, int] | None = None
-        self._all_share = False
         if track_host and snapshot.node_cpus_used and snapshot.node_mem_used:
             self.host_use()
 
@@ -201,21 +202,14 @@ class _Booking:
         load = self.snapshot.gpu_load[gpu]
         if not load:
             return 0
+        if not self.own_allocations:
+            return load  # every running job holds the proportional share
         if self._holders is None:
-            running = self.snapshot.running
-            if set(map(_cpus_of, running)) <= {None} and set(map(_mem_of, running)) <= {None}:
-                # every running job holds the proportional share: each GPU's load counts
-                self._holders = {}
-                self._all_share = True
-                return load
-            self._all_share = False
             self._holders = {}
-            for view in running:
+            for view in self.snapshot.running:
                 if view.cpus is None and view.mem_gb is None:
                     for held in view.gpu_ids:
                         self._holders[held] = self._holders.get(held, 0) + 1
-        if self._all_share:
-            return load
         return self._holders.get(gpu, 0)
 
     def gpu_residents(self, gpu: int) -> list[str]:
@@ -394,7 +388,7 @@ def decision_problems(
         or bool(decision.reallocations)
         or any(s.cpus is not None or s.mem_gb is not None for s in decision.starts)
     )
-    booking = _Booking(snapshot, memory or snapshot.estimates, track_host)
+    booking = _Booking(snapshot, memory or snapshot.estimates, own, track_host)
     problems: list[str] = []
     for preempt in decision.preemptions:
         problems.extend(booking.preempt(preempt))
