@@ -380,12 +380,7 @@ class Ones:
             _, iter_now = self._shape(snapshot, view, view.batch_size, view.gpus)
             remaining_iters = view.remaining_s(now) / iter_now if iter_now > 0 else 0.0
             samples = remaining_iters * view.batch_size
-            estimates = snapshot.estimates
-            curve = (
-                estimates.convergence(view.model)
-                if isinstance(estimates, ConvergenceSource)
-                else None
-            )
+            curve = _curve_of(snapshot, view.model)
             if not view.running:
                 kind = "new"
                 # a new job starts on one GPU, a preempted one at half its last size (or,
@@ -820,9 +815,14 @@ def _largest_useful_batch(snapshot: Snapshot, model: str) -> int:
     """The largest global batch worth growing a job of ``model`` to: the largest batch
     its convergence curve was measured at (Pollux bounds its jobs' batches the same
     way); unbounded where the estimates know no curve."""
-    estimates = snapshot.estimates
-    curve = estimates.convergence(model) if isinstance(estimates, ConvergenceSource) else None
+    curve = _curve_of(snapshot, model)
     return sys.maxsize if curve is None else int(curve.max_batch)
+
+
+def _curve_of(snapshot: Snapshot, model: str) -> Convergence | None:
+    """The model's convergence curve, where the snapshot's estimates know one."""
+    estimates = snapshot.estimates
+    return estimates.convergence(model) if isinstance(estimates, ConvergenceSource) else None
 
 
 def _batch_choices(ones_batch: int, base: int, n: int, largest: int) -> list[int]:
