@@ -468,8 +468,8 @@ class Timeline:
         self._per_node = per_node
         #: nodes this decision's starts changed, and those starts' releases
         self._mine: list[tuple[float, dict[int, int]]] = []
-        self._dirty: set[int] = set()
         #: a changed node's releases, the running jobs' and this decision's, in order
+        #: (its keys: the nodes this decision's starts changed)
         self._merged: dict[int, list[tuple[float, int]]] = {}
         #: GPU count -> (when each node first has that many idle, node), soonest first
         self._by_time: dict[int, list[tuple[float, int]]] = {}
@@ -479,7 +479,6 @@ class Timeline:
         for gpu in start.gpu_ids:
             freed[self._node_of[gpu]] = freed.get(self._node_of[gpu], 0) + 1
         self._mine.append((end, freed))
-        self._dirty.update(freed)
         for node, count in freed.items():
             merged = self._merged.get(node)
             if merged is None:
@@ -508,12 +507,12 @@ class Timeline:
         for at, node in order:
             if at == math.inf:
                 break
-            if node not in held and node not in self._dirty:
+            if node not in held and node not in self._merged:
                 best = (at, node)
                 break
-        if self._dirty:
+        if self._merged:
             idle = self._free.free_per_node()
-            for node in self._dirty - held:
+            for node in self._merged.keys() - held:
                 at = self._when(idle[node], self._merged[node], gpus)
                 if at < math.inf and (best is None or (at, node) < best):
                     best = (at, node)
