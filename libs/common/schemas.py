@@ -367,6 +367,9 @@ class JobExit(msgspec.Struct, frozen=True, kw_only=True):
     iteration: int = 0
     stderr_tail: str = ""
     at: float
+    #: the run's last progress as it ended (its final iteration, loss and the rest);
+    #: None where the run reported none (a simulated run, a command without progress)
+    progress: Progress | None = None
 
 
 class CancelRequest(msgspec.Struct, frozen=True):

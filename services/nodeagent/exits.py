@@ -35,6 +35,7 @@ def job_exit(node: str, job_id: str, run_id: int, end: RunEnd) -> JobExit:
         iteration=end.iteration,
         stderr_tail=end.stderr_tail,
         at=time.time(),
+        progress=end.progress,
     )
 
 

@@ -15,7 +15,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -41,6 +41,8 @@ class RunEnd:
     iteration: int
     exit_code: int | None = None
     stderr_tail: str = ""
+    #: the last progress the run reported (None: it reported none)
+    progress: Progress | None = None
 
 
 # ---- simulated runs -----------------------------------------------------------------
@@ -364,15 +366,17 @@ class ProcessRun(Actor[RunMessage]):
         for line in lines:
             at = received if line.at is None else line.at
             self._saw_progress = True
+            last = self._latest
+            # a line without a metric (a "done" line often has none) keeps the last one
             self._latest = Progress(
                 iteration=line.iteration,
-                samples_per_s=line.samples_per_s,
-                loss=line.loss,
-                gpu_mem_mb=line.gpu_mem_mb,
+                samples_per_s=line.samples_per_s or last.samples_per_s,
+                loss=last.loss if line.loss is None else line.loss,
+                gpu_mem_mb=line.gpu_mem_mb or last.gpu_mem_mb,
                 at=at,
-                epoch=line.epoch,
-                accuracy=line.accuracy,
-                lr=line.lr,
+                epoch=last.epoch if line.epoch is None else line.epoch,
+                accuracy=last.accuracy if line.accuracy is None else line.accuracy,
+                lr=last.lr if line.lr is None else line.lr,
             )
             if line.event == "checkpoint":
                 self._checkpoint = max(self._checkpoint, line.iteration)
@@ -418,6 +422,8 @@ class ProcessRun(Actor[RunMessage]):
         if self._ended:
             return
         self._ended = True
+        if end.progress is None and self._saw_progress:
+            end = replace(end, progress=self._latest)
         self._report(RunEnded(self.plan.job_id, self.plan.run_id, end))
 
 

@@ -651,7 +651,9 @@ class LiveScheduler(Actor[Message]):
             return  # a report from an earlier run, or of a job already settled
         log = self.log.bind(job_id=job.id, node=exit.node)
         self._stop_followers(job, exit.node)
-        progress = replace(job.record.progress, iteration=exit.iteration, at=exit.at)
+        # the run's own last word (its final loss too), else the last progress it streamed
+        final = exit.progress or job.progress or job.record.progress
+        progress = replace(final, iteration=exit.iteration, at=exit.at)
         job.iteration, job.iteration_at = exit.iteration, time.time()
         if exit.outcome == "succeeded":
             log.info("job succeeded")
@@ -694,6 +696,7 @@ class LiveScheduler(Actor[Message]):
         if job is None or event.run_id != job.record.run_id:
             return
         job.iteration = event.progress.iteration
+        job.progress = event.progress
         job.iteration_at = time.time()
         job.last_seen = job.iteration_at
         epoch = event.progress.epoch

@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpusched.libs.common.schemas import JobRecord, NodeInfo, Placement
+from gpusched.libs.common.schemas import JobRecord, NodeInfo, Placement, Progress
 from gpusched.libs.core.cluster import Allocation, Cluster, HostUse, Node
 from gpusched.libs.core.lifecycle import JobState
 from gpusched.libs.core.perf import CpuMemDemand, DelegatingModel, PerformanceModel
@@ -132,6 +132,9 @@ class LiveJob:
     #: started once its node lists it, or as never started after the missing-job grace
     unconfirmed_start: bool = False
     last_progress_write: float = 0.0
+    #: the latest progress the current run streamed (its record keeps one every
+    #: ``progress_write_s``); None before the first
+    progress: Progress | None = None
     iteration: int = 0
     iteration_at: float = 0.0
     #: remaining iterations the predictor's progress predictor gave at iteration
