@@ -748,6 +748,7 @@ async def test_the_cluster_view_shows_gpus_their_jobs_telemetry_and_totals(
     assert gpus[0]["telemetry"] is None
     assert view["totals"] == {
         "nodes": 1, "gpus": 4, "busy_gpus": 2, "utilisation": 0.5, "mean_gpu_util": 80.0,
+        "window_gpu_util": 80.0, "util_window_s": 60.0,
     }
 
 

@@ -34,6 +34,7 @@ from gpusched.libs.common.tasks import cancel_and_wait
 from gpusched.libs.core.groundtruth import load_performance_model
 from gpusched.services.admission import params, problems, quota
 from gpusched.services.admission.auth import Authenticator
+from gpusched.services.admission.capacity import MemoryOf, capacity_warnings
 from gpusched.services.admission.config import OPEN_TENANT, AdmissionConfig
 from gpusched.services.admission.ids import idempotent_job_id, is_job_id, new_job_id
 from gpusched.services.admission.leader import leader_status
@@ -53,6 +54,7 @@ from gpusched.services.admission.views import (
     JobList,
     NodeView,
     job_detail,
+    submitted_job,
 )
 
 log = structlog.get_logger("gpusched.admission")
@@ -94,11 +96,14 @@ def make_app(
     models: Iterable[str] | None = None,
 ) -> web.Application:
     """The aiohttp application. ``models`` are the model names jobs may use (default:
-    the performance model of ``config.data_dir``). Its background work (the KV mirrors
-    and the telemetry subscription) starts and stops with the app's runner."""
+    the performance model of ``config.data_dir``, whose GPU memory figures then say
+    whether a GPU can hold a job). Its background work (the KV mirrors and the telemetry
+    subscription) starts and stops with the app's runner."""
+    memory_mb: MemoryOf | None = None
     if models is None:
-        models = load_performance_model(config.data_dir).models()
-    api = AdmissionApi(config, nc, stores, models)
+        performance = load_performance_model(config.data_dir)
+        models, memory_mb = performance.models(), performance.gpu_memory_mb
+    api = AdmissionApi(config, nc, stores, models, memory_mb=memory_mb)
     app = web.Application(middlewares=[api.middleware], client_max_size=config.max_body_bytes)
     app[API] = api
     api.add_routes(app.router)
@@ -112,9 +117,12 @@ def make_app(
 
 class AdmissionApi:
     def __init__(
-        self, config: AdmissionConfig, nc: Client, stores: Stores, models: Iterable[str]
+        self, config: AdmissionConfig, nc: Client, stores: Stores, models: Iterable[str],
+        *, memory_mb: MemoryOf | None = None,
     ) -> None:
         self.config = config
+        #: a job's GPU memory (model, per-GPU batch) -> MiB, for the capacity warnings
+        self.memory_mb = memory_mb
         self.nc = nc
         self.stores = stores
         self.models = frozenset(models)
@@ -380,8 +388,17 @@ class AdmissionApi:
         log.info("job submitted", job_id=job_id, tenant=tenant, model=spec.model,
                  gpus=spec.gpus, iterations=iterations)
         return _json_response(
-            job_detail(record, now()), 201, {hdrs.LOCATION: f"/v1/jobs/{job_id}"}
+            submitted_job(job_detail(record, now()), self._warnings(spec)), 201,
+            {hdrs.LOCATION: f"/v1/jobs/{job_id}"},
         )
+
+    def _warnings(self, spec: JobSpec) -> list[str]:
+        """What the submitter should know at once: that no node registered today can
+        hold the job (it waits all the same; nodes may join later). Nothing before the
+        node registry has been read."""
+        if not self.node_mirror.synced.is_set():
+            return []
+        return capacity_warnings(spec, self.nodes.nodes(), self.memory_mb)
 
     def _over_quota(self, tenant: str, used: int, gpus: int) -> ProblemError:
         quota = self.quotas.limit(tenant)
@@ -425,7 +442,7 @@ class AdmissionApi:
             await self._publish_submitted(stored)
         self.metrics.idempotent_replays.inc()
         return _json_response(
-            job_detail(stored, now()),
+            submitted_job(job_detail(stored, now()), self._warnings(stored.spec)),
             200,
             {hdrs.LOCATION: f"/v1/jobs/{stored.id}", "Idempotent-Replayed": "true"},
         )
@@ -643,6 +660,8 @@ class AdmissionApi:
             busy_gpus=busy,
             utilisation=busy / total if total else 0.0,
             mean_gpu_util=sum(utils) / len(utils) if utils else None,
+            window_gpu_util=self.telemetry.window_util(time.time()),
+            util_window_s=self.telemetry.window_s,
         )
         return _json_response(ClusterView(nodes=views, totals=totals))
 

@@ -18,7 +18,13 @@ from gpusched.services.admission import params
 from gpusched.services.admission.ids import JOB_ID
 from gpusched.services.admission.problems import PROBLEM_CONTENT_TYPE, Problem
 from gpusched.services.admission.specs import ACCEPTED_TYPES
-from gpusched.services.admission.views import ClusterView, Health, JobDetail, JobList
+from gpusched.services.admission.views import (
+    ClusterView,
+    Health,
+    JobDetail,
+    JobList,
+    SubmittedJob,
+)
 
 _REF = "#/components/schemas/{name}"
 
@@ -109,8 +115,8 @@ _SERVER_SENT_EVENT = {
 def build_openapi(models: Iterable[str] = (), version: str = "0.1.0") -> dict[str, Any]:
     """The document; ``models`` become the ``enum`` of a job spec's ``model``."""
     _, components = msgspec.json.schema_components(
-        [JobSpec, JobDetail, JobList, ClusterView, Problem, Health, JobStateEvent,
-         JobProgressEvent, SizeErrorReport],
+        [JobSpec, JobDetail, SubmittedJob, JobList, ClusterView, Problem, Health,
+         JobStateEvent, JobProgressEvent, SizeErrorReport],
         ref_template=_REF,
     )
     names = sorted(models)
@@ -126,20 +132,11 @@ def build_openapi(models: Iterable[str] = (), version: str = "0.1.0") -> dict[st
         "the tenant's jobs hold in the policy's order go to its higher-priority jobs "
         "first; other tenants' jobs do not move"
     )
-    detail = components["JobDetail"]["properties"]
-    detail["predicted_iterations"]["description"] = (
-        "The iterations the predictor predicted at submission, written by the scheduler "
-        "(null until it arrives); with `prediction_source` `forest` (the size forest "
-        "learned the job's template) the scheduler's estimates use it, never above "
-        "`total_iterations`; with `declared` it is the job's own figure"
-    )
-    detail["prediction_source"]["description"] = (
-        "`forest` or `declared` (null: no prediction yet)"
-    )
-    detail["deadline_likely_met"]["description"] = (
-        "null without a deadline or before the scheduler's first estimate; finished: "
-        "whether it succeeded by its deadline; running: whether now + predicted remaining "
-        "time is by it; waiting: whether now + predicted wait + run time is"
+    for schema in ("JobDetail", "SubmittedJob"):
+        _describe_detail(components[schema]["properties"])
+    components["SubmittedJob"]["properties"]["warnings"]["description"] = (
+        "Sentences the submitter should see at once, e.g. that no node registered today "
+        "can hold the job (it is accepted and waits: nodes may join later)"
     )
     spec_body = {"schema": _ref("JobSpec")}
     return {
@@ -185,14 +182,15 @@ def build_openapi(models: Iterable[str] = (), version: str = "0.1.0") -> dict[st
                     },
                     "responses": {
                         "201": _json(
-                            "Created, queued",
-                            _ref("JobDetail"),
+                            "Created, queued; `warnings` says at once when no node "
+                            "registered today can hold the job",
+                            _ref("SubmittedJob"),
                             headers=_LOCATION,
                             links=_JOB_LINKS,
                         ),
                         "200": _json(
                             "An Idempotency-Key replay: the job created before",
-                            _ref("JobDetail"),
+                            _ref("SubmittedJob"),
                             headers={
                                 **_LOCATION,
                                 "Idempotent-Replayed": {
@@ -374,3 +372,20 @@ def build_openapi(models: Iterable[str] = (), version: str = "0.1.0") -> dict[st
         },
         "x-job-states": [state.value for state in JobState],
     }
+
+
+def _describe_detail(detail: dict[str, Any]) -> None:
+    detail["predicted_iterations"]["description"] = (
+        "The iterations the predictor predicted at submission, written by the scheduler "
+        "(null until it arrives); with `prediction_source` `forest` (the size forest "
+        "learned the job's template) the scheduler's estimates use it, never above "
+        "`total_iterations`; with `declared` it is the job's own figure"
+    )
+    detail["prediction_source"]["description"] = (
+        "`forest` or `declared` (null: no prediction yet)"
+    )
+    detail["deadline_likely_met"]["description"] = (
+        "null without a deadline or before the scheduler's first estimate; finished: "
+        "whether it succeeded by its deadline; running: whether now + predicted remaining "
+        "time is by it; waiting: whether now + predicted wait + run time is"
+    )

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import time
+from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator
 
 import msgspec
@@ -27,6 +29,8 @@ log = structlog.get_logger("gpusched.admission")
 #: how often an idle watcher looks whether the connection was re-established
 RECONNECT_CHECK_S = 0.5
 RETRY_S = 0.25
+#: how far back the cluster view's mean GPU utilisation over a window reaches
+UTIL_WINDOW_S = 60.0
 
 
 class _SpecSummary(msgspec.Struct, frozen=True):
@@ -266,14 +270,36 @@ class KvMirror:
 
 
 class TelemetryCache:
-    """The latest Telemetry of each node, from ``gpusched.node.*.telemetry``."""
+    """The latest Telemetry of each node, from ``gpusched.node.*.telemetry``, and the
+    mean GPU utilisation of every reading of the last ``window_s`` seconds."""
 
-    def __init__(self) -> None:
+    def __init__(self, window_s: float = UTIL_WINDOW_S) -> None:
         self._latest: dict[str, Telemetry] = {}
         self._subscription: Subscription | None = None
+        self.window_s = window_s
+        #: (sample time, summed utilisation, GPU readings) per sample, in arrival order
+        self._window: deque[tuple[float, float, int]] = deque()
+        self._window_sum = 0.0
+        self._window_count = 0
 
     def latest(self, node: str) -> Telemetry | None:
         return self._latest.get(node)
+
+    def window_util(self, now: float) -> float | None:
+        """Mean DCGM_FI_DEV_GPU_UTIL of the GPU readings taken in the ``window_s``
+        seconds before ``now`` (None: none)."""
+        self._forget_before(now - self.window_s)
+        if not self._window_count:
+            return None
+        return max(0.0, self._window_sum / self._window_count)
+
+    def _forget_before(self, start: float) -> None:
+        while self._window and self._window[0][0] < start:
+            _, summed, count = self._window.popleft()
+            self._window_sum -= summed
+            self._window_count -= count
+        if not self._window:
+            self._window_sum, self._window_count = 0.0, 0  # no rounding left over
 
     async def start(self, nc: Client) -> None:
         self._subscription = await nc.subscribe(subjects.ALL_TELEMETRY, cb=self._received)
@@ -293,3 +319,11 @@ class TelemetryCache:
         known = self._latest.get(sample.node)
         if known is None or sample.at >= known.at:
             self._latest[sample.node] = sample
+        if (known is None or sample.at > known.at) and sample.gpus:
+            # a node whose clock runs ahead must not push the others' readings out
+            at = min(sample.at, time.time())
+            summed = sum(gpu.util for gpu in sample.gpus)
+            self._window.append((at, summed, len(sample.gpus)))
+            self._window_sum += summed
+            self._window_count += len(sample.gpus)
+            self._forget_before(at - self.window_s)  # bounded even when nobody asks

@@ -53,6 +53,19 @@ def job_detail(record: JobRecord, now: float) -> JobDetail:
     )
 
 
+class SubmittedJob(JobDetail, frozen=True, kw_only=True):
+    """The answer to a submission: the job, and what its submitter should know at once."""
+
+    #: sentences about the job as submitted, e.g. that no node registered today can hold
+    #: it (it is accepted all the same and waits: nodes may join later)
+    warnings: list[str] = msgspec.field(default_factory=list)
+
+
+def submitted_job(detail: JobDetail, warnings: list[str]) -> SubmittedJob:
+    fields = {name: getattr(detail, name) for name in detail.__struct_fields__}
+    return SubmittedJob(**fields, warnings=warnings)
+
+
 class JobList(msgspec.Struct, frozen=True):
     jobs: list[JobDetail]
     #: pass as ``after`` for the next page; null on the last page
@@ -91,6 +104,10 @@ class ClusterTotals(msgspec.Struct, frozen=True, kw_only=True):
     utilisation: float
     #: mean DCGM_FI_DEV_GPU_UTIL over the GPUs that reported telemetry
     mean_gpu_util: float | None = None
+    #: mean DCGM_FI_DEV_GPU_UTIL over every GPU reading of the last ``util_window_s``
+    #: seconds (null: none arrived in that time)
+    window_gpu_util: float | None = None
+    util_window_s: float = 0.0
 
 
 class ClusterView(msgspec.Struct, frozen=True, kw_only=True):

@@ -12,6 +12,9 @@ const REFRESH_MS = 10000;
 const SETTLE_MS = 250;
 // scheduling rounds re-read the scheduler's status at most this often
 const SCHEDULER_MS = 2000;
+// a node agent samples its GPUs every second: a second read of the cluster this long
+// after a job's state event shows the GPUs it left or took as they read now
+const TELEMETRY_MS = 1500;
 const RECONNECT_MIN_MS = 500;
 const RECONNECT_MAX_MS = 15000;
 const TERMINAL = new Set(['SUCCEEDED', 'FAILED', 'CANCELLED']);
@@ -149,9 +152,12 @@ function renderJobs() {
 
 function renderCluster(cluster) {
   const t = cluster.totals;
-  $('totals').textContent = `${t.nodes} nodes, ${t.busy_gpus}/${t.gpus} GPUs busy` +
-    (t.mean_gpu_util === null || t.mean_gpu_util === undefined
-      ? '' : `, mean utilisation ${t.mean_gpu_util.toFixed(0)} %`);
+  // busy now by the job records; the DCGM figure is a mean over a stated window, so a
+  // job that just ended does not leave "100 %" beside GPUs that are idle
+  const share = t.gpus ? Math.round((100 * t.busy_gpus) / t.gpus) : 0;
+  $('totals').textContent = `${t.nodes} nodes, ${t.busy_gpus}/${t.gpus} GPUs busy now (${share} %)` +
+    (t.window_gpu_util === null || t.window_gpu_util === undefined ? ''
+      : `, DCGM utilisation ${t.window_gpu_util.toFixed(0)} % over the last ${t.util_window_s.toFixed(0)} s`);
   replace($('nodes'), cluster.nodes.map((node) => {
     const gpus = node.gpus.map((gpu) => {
       const chips = gpu.jobs.map((id) => {
@@ -323,6 +329,7 @@ function onEvent(kind, data) {
       renderJobs();
     }
     later('jobs', async () => { await refreshJobs(); await refreshCluster(); });
+    later('cluster-telemetry', refreshCluster, TELEMETRY_MS);
     later('submissions', refreshSubmissions);
     if (data.job_id === page.selected) later('detail', refreshDetail);
   } else if (kind === 'progress') {
