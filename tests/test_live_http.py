@@ -108,8 +108,10 @@ async def test_the_cli_submits_lists_and_shows_a_job_of_a_running_cluster(cluste
     )
     assert code == 0, err
     job_id = out.strip()
-    code, out, err = await run_cli(env, "job", job_id)
+    code, out, err = await run_cli(env, "job", job_id, "--json")
     assert json.loads(out)["spec"]["model"] == "bert"
+    code, out, err = await run_cli(env, "job", job_id)
+    assert out.startswith(f"job        {job_id}") and "shape      bert, batch 32" in out
     code, out, err = await run_cli(env, "jobs", "--json")
     assert job_id in [j["id"] for j in json.loads(out)["jobs"]]
     code, out, err = await run_cli(

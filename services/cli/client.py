@@ -63,8 +63,12 @@ class ApiError(Exception):
         self.field = field
 
     def __str__(self) -> str:
-        where = f"field {self.field}: " if self.field else ""
-        return f"{where}{self.args[0]} (HTTP {self.status})" if self.status else self.args[0]
+        message = str(self.args[0])
+        # the API's details start with the field they are about ("batch_size: ..."); say
+        # it once
+        named = self.field is None or message.startswith(f"{self.field}:")
+        where = "" if named else f"field {self.field}: "
+        return f"{where}{message} (HTTP {self.status})" if self.status else message
 
 
 async def call(

@@ -14,8 +14,13 @@ from rich.console import Console
 from rich.table import Table
 
 from gpusched.libs.common import codec, subjects
+from gpusched.libs.common.logging import configure_logging
+from gpusched.libs.common.settings import Setting, text
 from gpusched.services.cli.client import ApiError, Endpoint, call
 from gpusched.services.cli.entry import decode_stdin
+from gpusched.services.cli.jobview import job_text, plain_table
+
+LOG_LEVEL = Setting("GPUSCHED_LOG_LEVEL", text())
 
 UrlOption = Annotated[
     str | None, typer.Option("--url", help="API address (default: GPUSCHED_URL or `up`'s).")
@@ -109,9 +114,10 @@ def register(app: typer.Typer) -> None:
 
         record = _run(go())
         if as_json:
-            print(json.dumps(record, indent=2))
+            print(json.dumps(record, indent=2), flush=True)
         else:
-            print(_job_id(record))
+            print(_job_id(record), flush=True)  # the id first, then any warning
+        _warn(record)
 
     @app.command()
     def jobs(
@@ -131,17 +137,27 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(answer, indent=2))
             return
-        Console().print(_jobs_table([_job_row(job) for job in listed]))
+        if not listed:
+            Console(stderr=True).print(_no_jobs(state), soft_wrap=True, highlight=False)
+            return
+        rows = [_job_row(job) for job in listed]
+        if sys.stdout.isatty():
+            Console().print(_jobs_table(rows))
+        else:  # a pipe or a file: whole rows, whatever width a terminal would have
+            print(plain_table([h.upper() for h in _JOB_COLUMNS], rows))
 
     @app.command()
     def job(
         job_id: Annotated[str, typer.Argument(help="The job id.")],
         url: UrlOption = None,
         token: TokenOption = None,
+        as_json: JsonOption = False,
     ) -> None:
-        """Show one job: state history, placement, progress and why it waits."""
+        """Show one job: state history with local times and durations, placement,
+        progress and why it waits."""
         endpoint = Endpoint.resolve(url, token)
-        print(json.dumps(_run(call(endpoint, "GET", f"/v1/jobs/{job_id}")), indent=2))
+        record = _run(call(endpoint, "GET", f"/v1/jobs/{job_id}"))
+        print(json.dumps(record, indent=2) if as_json else job_text(record))
 
     @app.command()
     def cancel(
@@ -163,13 +179,19 @@ def register(app: typer.Typer) -> None:
         count: Annotated[int, typer.Option(help="Stop after this many messages (0: never).")] = 0,
     ) -> None:
         """Print live messages on a subject as JSON lines, decoded from MessagePack."""
+        # the connection's retries are debug lines: not for a user waiting on a tap
+        configure_logging(LOG_LEVEL.read() or "warning")
         endpoint = Endpoint.resolve(None, None, nats_url)
         try:
             asyncio.run(_tap(endpoint.nats_url, subject, count))
         except KeyboardInterrupt:
             pass
         except (ConnectionError, OSError) as exc:
-            Console(stderr=True).print(f"[bold red]error:[/] {exc}")
+            Console(stderr=True).print(
+                f"[bold red]error:[/] {exc}; is a cluster running? Start one with "
+                "`gpusched up`, or name its NATS with --nats-url or NATS_URL",
+                soft_wrap=True, highlight=False,
+            )
             raise typer.Exit(1) from None
 
     @app.command()
@@ -192,6 +214,21 @@ async def _submit(
     return await call(
         endpoint, "POST", "/v1/jobs", body=body, content_type=content_type, extra_headers=extra
     )
+
+
+def _warn(answer: Any) -> None:
+    """The submission's warnings, after its id, on stderr."""
+    warnings = answer.get("warnings") if isinstance(answer, dict) else None
+    err = Console(stderr=True)
+    for warning in warnings or []:
+        err.print(f"[bold yellow]warning:[/] {warning}", soft_wrap=True, highlight=False)
+
+
+def _no_jobs(state: str | None) -> str:
+    if state:
+        return (f"no {state.upper()} jobs; `gpusched jobs` lists all of them")
+    return ("no jobs yet; submit one with `gpusched submit --model resnet50 --batch-size 64 "
+            "--iterations 500` (or a spec file, see `gpusched submit --help`)")
 
 
 def _job_id(record: Any) -> str:
@@ -226,13 +263,16 @@ def _job_row(job: dict[str, Any]) -> tuple[str, ...]:
     )
 
 
+_JOB_COLUMNS = ("id", "name", "model", "gpus", "state", "progress", "placement / reason")
+
+
 def _jobs_table(rows: list[tuple[str, ...]]) -> Table:
     """The jobs as a table whose ids are never cut or folded, so they can be copied
     whole; the other columns wrap instead."""
     table = Table()
     widest = max((len(row[0]) for row in rows), default=2)
-    table.add_column("id", no_wrap=True, min_width=widest)
-    for header in ("name", "model", "gpus", "state", "progress", "placement / reason"):
+    table.add_column(_JOB_COLUMNS[0], no_wrap=True, min_width=widest)
+    for header in _JOB_COLUMNS[1:]:
         table.add_column(header)
     for row in rows:
         table.add_row(*row)
