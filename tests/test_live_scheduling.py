@@ -75,9 +75,19 @@ async def test_two_jobs_share_one_gpu_with_the_accumulation_steps_the_policy_cho
         assert shared.placement == (await record(stores, first)).placement
         assert shared.shares_with == [first]
         assert shared.accum_steps >= 1
+        # the resident names the job that joined it too
+        assert (await record(stores, first)).shares_with == [second]
         assert scheduler.scheduler is not None
         views = scheduler.scheduler.jobs
         assert views[first].holds_gpus and views[second].holds_gpus
+        await stores.js.publish(
+            subjects.job_cancel(second),
+            codec.encode(CancelRequest(second, "default", time.time())),
+            headers=codec.headers(),
+        )
+        await wait_state(stores, second, JobState.CANCELLED)
+        # the partner that left is no longer named by the one that stays
+        assert (await record(stores, first)).shares_with == []
 
 
 async def test_a_failing_command_is_retried_then_failed_with_its_stderr_tail(

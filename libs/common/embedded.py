@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -79,6 +81,17 @@ class NatsServer:
         assert self.store_dir is not None
         return self.store_dir / "nats.conf"
 
+    @property
+    def users_file(self) -> Path:
+        """The authorization block, included by ``config_file``: rewritten and reloaded
+        (SIGHUP) when users are added while the server runs (``gpusched node add``)."""
+        assert self.store_dir is not None
+        return self.store_dir / "users.conf"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
     def configuration(self) -> str:
         """The server's configuration file: listen address, JetStream store and, when
         there are users, the authorization block."""
@@ -103,7 +116,7 @@ class NatsServer:
                 text += f'  authorization {{ user: "route", password: {secret} }}\n'
             text += "}\n"
         if self.users is not None:
-            text += server_authorization(self.users)
+            text += f"include {json.dumps(self.users_file.name)}\n"
         return text
 
     def start(self, timeout_s: float = 10.0) -> NatsServer:
@@ -118,6 +131,8 @@ class NatsServer:
         if not self.port:
             self.port = free_port()
         self.store_dir.mkdir(parents=True, exist_ok=True)
+        if self.users is not None:
+            write_private(self.users_file, server_authorization(self.users))
         write_private(self.config_file, self.configuration())
         self._process = subprocess.Popen(
             [server_binary(), "-c", str(self.config_file)],
@@ -138,6 +153,11 @@ class NatsServer:
             time.sleep(0.02)
         self.stop()
         raise RuntimeError(f"nats-server did not listen on {self.port} within {timeout_s} s")
+
+    def set_users(self, users: Sequence[NatsUser]) -> None:
+        """Admit exactly ``users`` from now on, without a restart."""
+        self.users = list(users)
+        reload_users(self.users_file, self.pid if self.running else None, self.users)
 
     @property
     def running(self) -> bool:
@@ -242,6 +262,14 @@ class NatsCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def reload_users(users_file: Path, pid: int | None, users: Sequence[NatsUser]) -> None:
+    """Rewrite a running server's users and have it reload them (nats-server reloads
+    its configuration on SIGHUP; clients already connected stay connected)."""
+    write_private(users_file, server_authorization(users))
+    if pid is not None:
+        os.kill(pid, signal.SIGHUP)
 
 
 def _healthy(server: NatsServer) -> bool:

@@ -15,7 +15,7 @@ import json
 import os
 import re
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
@@ -241,16 +241,52 @@ def _micro_discovery(service: str) -> list[str]:
     ]
 
 
+#: the reply inbox of the NATS tools (``nats micro ls``, nats.js, nats-py's default)
+DEFAULT_INBOX = "_INBOX"
+
+
 def tap() -> Permissions:
-    """``gpusched tap``: reads every gpusched subject, publishes nothing."""
-    return Permissions(publish=(), subscribe=(subjects.EVERYTHING,))
+    """``gpusched tap`` and an operator's NATS tools: reads every gpusched subject and
+    may discover the services (``$SRV.PING``/``INFO``/``STATS``, what ``nats micro ls``
+    and ``nats micro stats`` send, answered on the tools' default ``_INBOX``), but
+    publishes to no endpoint: it can neither submit, command nor ask a prediction."""
+    discovery = [
+        subject
+        for verb in ("PING", "INFO", "STATS")
+        for subject in (f"$SRV.{verb}", f"$SRV.{verb}.>")
+    ]
+    return Permissions(
+        publish=tuple(discovery),
+        subscribe=(subjects.EVERYTHING, f"{DEFAULT_INBOX}.>"),
+    )
 
 
 # ---- users and credentials ----------------------------------------------------------
 
+NODEAGENT_USER_PREFIX = "nodeagent-"
+
 
 def nodeagent_user(node: str) -> str:
-    return f"nodeagent-{subjects._id(node)}"
+    return f"{NODEAGENT_USER_PREFIX}{subjects._id(node)}"
+
+
+def node_of_user(user: str) -> str | None:
+    """The node a node agent user speaks for; None for any other user."""
+    if user.startswith(NODEAGENT_USER_PREFIX):
+        return user[len(NODEAGENT_USER_PREFIX):]
+    return None
+
+
+def permissions_of(user: str) -> Permissions:
+    """What a user of ``gpusched up`` may do, from its name alone."""
+    node = node_of_user(user)
+    if node is not None:
+        return nodeagent(node)
+    by_name = {"admission": admission, "scheduler": scheduler, "predictor": predictor,
+               "tap": tap}
+    if user not in by_name:
+        raise ValueError(f"user {user!r}: not a gpusched user")
+    return by_name[user]()
 
 
 @dataclass(frozen=True)
@@ -298,6 +334,30 @@ class Credentials:
 
     def nodeagent_url(self, node: str, server_url: str) -> str:
         return self.url(nodeagent_user(node), server_url)
+
+    def has_node(self, node: str) -> bool:
+        return nodeagent_user(node) in self.users
+
+    def with_nodes(self, passwords: Mapping[str, str]) -> Credentials:
+        """These credentials and a node agent user per ``node -> password``, with the
+        same permissions as any node agent's (its own node's subjects only)."""
+        added = {
+            nodeagent_user(node): NatsUser(nodeagent_user(node), secret, nodeagent(node))
+            for node, secret in passwords.items()
+        }
+        return Credentials({**self.users, **added})
+
+    def to_json(self) -> str:
+        """Every user's name and password, for a private file; the permissions follow
+        from the names (see :meth:`from_json`)."""
+        return json.dumps({name: user.password for name, user in sorted(self.users.items())})
+
+    @classmethod
+    def from_json(cls, text: str) -> Credentials:
+        made = []
+        for name, secret in json.loads(text).items():
+            made.append(NatsUser(name, secret, permissions_of(name)))
+        return cls({u.name: u for u in made})
 
     def __repr__(self) -> str:
         return f"Credentials({sorted(self.users)})"
@@ -441,4 +501,7 @@ def compose_config(nodes: Iterable[str] = COMPOSE_NODES) -> str:
 
 
 if __name__ == "__main__":
-    print(compose_config(), end="")
+    import sys
+
+    # the node names of compose's agents (default: compose.yaml's two)
+    print(compose_config(sys.argv[1:] or COMPOSE_NODES), end="")

@@ -59,7 +59,7 @@ from gpusched.services.nodeagent.config import NodeAgentConfig
 from gpusched.services.nodeagent.cores import machine_cores, pick_cores, real_cores
 from gpusched.services.nodeagent.cpu_profiling import ProfileSettings, measure_cpu_profile
 from gpusched.services.nodeagent.exits import PUBLISH_TIMEOUT_S, ExitOutbox, job_exit
-from gpusched.services.nodeagent.gpus import GpuInventory, discover, read_nvml
+from gpusched.services.nodeagent.gpus import GpuInventory, Nvml, discover
 from gpusched.services.nodeagent.job_contract import process_plan
 from gpusched.services.nodeagent.metrics import JobReading, NodeView, metrics
 from gpusched.services.nodeagent.reporting import Reporter
@@ -238,10 +238,17 @@ class NodeAgent(Actor[AgentMessage]):
         if self._truth is None:
             self._truth = await asyncio.to_thread(load_performance_model, config.data_dir)
         self._known_models = frozenset(self._truth.models())
-        nvml = await asyncio.to_thread(read_nvml) if config.gpus is None else None
+        # NVML is initialised once for the agent's life and shut down with it
+        nvml = await asyncio.to_thread(Nvml.open) if config.gpus is None else None
+        if nvml is not None:
+            self._stack.callback(nvml.close)
+        readings = await asyncio.to_thread(nvml.read) if nvml is not None else None
         self._inventory = discover(
-            config.name, config.gpus, config.gpu_model, config.emulated_gpu_mem_mb, nvml
+            config.name, config.gpus, config.gpu_model, config.emulated_gpu_mem_mb, readings
         )
+        if self._inventory.emulated and nvml is not None:
+            nvml.close()
+            nvml = None
         self._info = NodeInfo(
             name=config.name,
             gpus=list(self._inventory.gpus),
@@ -256,7 +263,7 @@ class NodeAgent(Actor[AgentMessage]):
         )
         self._reporter = Reporter(
             self._nc, config.name, config.time_scale, self._inventory, self._truth,
-            self._known_models, self.log, self._metrics,
+            self._known_models, self.log, self._metrics, nvml,
         )
         self._outbox = ExitOutbox(self._stores, self.log, self._metrics)
         await super().__aenter__()

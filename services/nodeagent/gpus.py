@@ -1,7 +1,8 @@
 """The node's GPUs: real ones read through NVML, or emulated ones.
 
-Every pynvml call lives in :func:`read_nvml`, which returns plain values (or None where
-NVML is unavailable), so the rest of the agent never touches the library. Emulated GPUs
+Every pynvml call lives in :class:`Nvml` (initialised once per agent, read every
+telemetry tick), which returns plain values (or None where NVML is unavailable), so the
+rest of the agent never touches the library. Emulated GPUs
 get deterministic UUIDs and report what their resident jobs would use: memory from the
 ground-truth model, full utilisation while occupied, and power and temperature to match.
 """
@@ -67,61 +68,113 @@ class NvmlGpu:
         )
 
 
+class Nvml:
+    """NVML held open for an agent's life: initialised once by :meth:`open`, read as
+    often as the telemetry tick asks, shut down by :meth:`close`. Blocking calls: use
+    them from a thread in async code."""
+
+    def __init__(self, library: Any) -> None:
+        self._nvml = library
+        self._open = True
+
+    @classmethod
+    def open(cls) -> Nvml | None:
+        """NVML initialised, or None where pynvml is missing or no driver answers (the
+        reason is logged; :func:`nvml_absence` says it in words)."""
+        try:
+            import pynvml
+        except ImportError:
+            why = missing_message("pynvml", NVIDIA, "reading real NVIDIA GPUs")
+            log.warning("nvml unavailable", error=why)
+            return None
+        try:
+            pynvml.nvmlInit()
+        except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ...
+            log.debug("nvml unavailable", error=str(exc))
+            return None
+        return cls(pynvml)
+
+    def read(self) -> list[NvmlGpu] | None:
+        """Every GPU NVML sees, with its current readings; None when the query fails."""
+        if not self._open:
+            return None
+        pynvml = self._nvml
+        try:
+            return [_read_gpu(pynvml, index) for index in range(pynvml.nvmlDeviceGetCount())]
+        except Exception as exc:
+            log.warning("nvml query failed", error=str(exc))
+            return None
+
+    def close(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        try:
+            self._nvml.nvmlShutdown()
+        except Exception as exc:
+            log.debug("nvml shutdown failed", error=str(exc))
+
+
+def _read_gpu(pynvml: Any, index: int) -> NvmlGpu:
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+
+    def optional(read: Any, *args: Any) -> float:
+        # power, temperature and utilisation are unsupported on some boards: read as 0
+        try:
+            return float(read(handle, *args))
+        except pynvml.NVMLError:
+            return 0.0
+
+    try:
+        util = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    except pynvml.NVMLError:
+        util = 0.0
+    return NvmlGpu(
+        index=index,
+        uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+        name=_text(pynvml.nvmlDeviceGetName(handle)),
+        memory_total_mib=memory.total / 2**20,
+        memory_used_mib=memory.used / 2**20,
+        memory_free_mib=memory.free / 2**20,
+        util_percent=util,
+        power_w=optional(pynvml.nvmlDeviceGetPowerUsage) / 1000.0,
+        temp_c=optional(pynvml.nvmlDeviceGetTemperature, pynvml.NVML_TEMPERATURE_GPU),
+    )
+
+
 def read_nvml() -> list[NvmlGpu] | None:
-    """Every GPU NVML sees, with its current readings; None where pynvml is missing or
-    no driver answers. Blocking: call it in a thread from async code."""
+    """One reading of every GPU NVML sees (NVML opened and closed around it); None where
+    pynvml is missing or no driver answers. An agent holds an :class:`Nvml` instead."""
+    nvml = Nvml.open()
+    if nvml is None:
+        return None
+    try:
+        return nvml.read()
+    finally:
+        nvml.close()
+
+
+def nvml_absence() -> str:
+    """Why this machine has no NVML GPUs, in words a banner can print."""
     try:
         import pynvml
     except ImportError:
-        why = missing_message("pynvml", NVIDIA, "reading real NVIDIA GPUs")
-        log.warning("nvml unavailable", error=why)
-        return None
+        return "nvidia-ml-py is not installed"
     try:
         pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ...
-        log.debug("nvml unavailable", error=str(exc))
-        return None
-    try:
-        gpus = []
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-
-            def optional(read: Any, *args: Any, handle: Any = handle) -> float:
-                # power and temperature are unsupported on some boards: read as 0
-                try:
-                    return float(read(handle, *args))
-                except pynvml.NVMLError:
-                    return 0.0
-
-            try:
-                util = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-            except pynvml.NVMLError:
-                util = 0.0
-            gpus.append(
-                NvmlGpu(
-                    index=index,
-                    uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-                    name=_text(pynvml.nvmlDeviceGetName(handle)),
-                    memory_total_mib=memory.total / 2**20,
-                    memory_used_mib=memory.used / 2**20,
-                    memory_free_mib=memory.free / 2**20,
-                    util_percent=util,
-                    power_w=optional(pynvml.nvmlDeviceGetPowerUsage) / 1000.0,
-                    temp_c=optional(
-                        pynvml.nvmlDeviceGetTemperature, pynvml.NVML_TEMPERATURE_GPU
-                    ),
-                )
-            )
-        return gpus
     except Exception as exc:
-        log.warning("nvml query failed", error=str(exc))
-        return None
+        return f"NVML did not start ({exc or type(exc).__name__}): no NVIDIA driver here"
+    try:
+        count = int(pynvml.nvmlDeviceGetCount())
+    except Exception as exc:
+        return f"NVML could not count GPUs ({exc})"
     finally:
         try:
             pynvml.nvmlShutdown()
         except Exception as exc:
             log.debug("nvml shutdown failed", error=str(exc))
+    return "NVML found no GPU" if count == 0 else f"NVML found {count} GPUs"
 
 
 def _text(value: str | bytes) -> str:

@@ -25,7 +25,7 @@ from gpusched.libs.common.schemas import (
     Telemetry,
 )
 from gpusched.libs.core.groundtruth import ProfilePerformanceModel
-from gpusched.services.nodeagent.gpus import GpuInventory, emulated_telemetry, read_nvml
+from gpusched.services.nodeagent.gpus import GpuInventory, Nvml, emulated_telemetry
 from gpusched.services.nodeagent.metrics import Metrics
 from gpusched.services.nodeagent.residents import Run, co_runners
 
@@ -43,8 +43,11 @@ class Reporter:
         known_models: frozenset[str],
         log: Any,
         metrics: Metrics,
+        nvml: Nvml | None = None,
     ) -> None:
         self._nc = nc
+        #: the agent's NVML, open for its life (None on emulated GPUs)
+        self._nvml = nvml
         self._node = node
         self._time_scale = time_scale
         self._inventory = inventory
@@ -107,7 +110,7 @@ class Reporter:
             busy = {i for run in runs for i in run.start.gpus}
             gpus = emulated_telemetry(self._inventory.gpus, used, busy)
         else:
-            readings = await asyncio.to_thread(read_nvml)
+            readings = await asyncio.to_thread(self._nvml.read) if self._nvml else None
             gpus = [g.telemetry() for g in readings or ()]
         sample = Telemetry(
             node=self._node, at=time.time(), gpus=gpus, jobs=self.running(runs)

@@ -17,7 +17,7 @@ import functools
 import itertools
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -599,8 +599,26 @@ class LiveScheduler(Actor[Message]):
                 subjects.job_state(job.id), codec.encode(event), headers=codec.headers()
             )
 
+    async def _share_with(self, job: LiveJob, partners: Sequence[str]) -> None:
+        """A job that joins residents' GPUs is named in each resident's ``shares_with``
+        too, so both records of a shared GPU name each other."""
+        for partner_id in partners:
+            partner = self.jobs.get(partner_id)
+            if partner is not None and job.id not in partner.record.shares_with:
+                shares = [*partner.record.shares_with, job.id]
+                await self._write(partner, replace(partner.record, shares_with=shares))
+
+    async def _unshare(self, job: LiveJob) -> None:
+        """A job leaving its GPUs leaves its partners' ``shares_with``."""
+        for partner_id in job.record.shares_with:
+            partner = self.jobs.get(partner_id)
+            if partner is not None and job.id in partner.record.shares_with:
+                shares = [p for p in partner.record.shares_with if p != job.id]
+                await self._write(partner, replace(partner.record, shares_with=shares))
+
     async def _finish(self, job: LiveJob, state: JobState, reason: str, **changes: Any) -> None:
         job.settle_service(time.time())
+        await self._unshare(job)
         await self._transition(job, state, reason, **changes)
         self.jobs.pop(job.id, None)
         self.settled.add(job.id)
@@ -614,6 +632,7 @@ class LiveScheduler(Actor[Message]):
         job.unconfirmed_start = False
         job.queued_since = time.time()
         job.settle_service(job.queued_since)
+        await self._unshare(job)
         await self._transition(job, state, reason, placement=[], shares_with=[], **changes)
         self._request_round()
 
@@ -958,6 +977,7 @@ class LiveScheduler(Actor[Message]):
                 **shape,
             ),
         )
+        await self._share_with(job, start.shares_with)
         if shape:
             self._reestimate(job)
         self.log.info(
@@ -1108,6 +1128,7 @@ class LiveScheduler(Actor[Message]):
         job.resizing_from = job.record.run_id
         job.phase = Phase.STARTING
         job.last_seen = now
+        await self._unshare(job)
         await self._write(
             job,
             replace(
