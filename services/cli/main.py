@@ -7,7 +7,7 @@ one-line errors (exit code 2) and shows progress.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from gpusched.services.scheduler.report_html import RunInfo
     from gpusched.services.scheduler.results import SimResult
     from gpusched.services.scheduler.runner import ProgressCallback, ProgressFactory, Workload
-    from gpusched.services.scheduler.simulator import SimConfig
 
 # Only what the options themselves need is imported above: the simulator, its policies,
 # numpy, scipy and matplotlib are imported by the commands that use them, so that
@@ -52,6 +51,8 @@ def _user_errors() -> tuple[type[Exception], ...]:
             MissingExtraError)  # fmt: skip
 
 USAGE_EXIT = 2
+#: Ctrl-C, as a shell reports a command stopped by SIGINT (128 + 2)
+INTERRUPTED_EXIT = 130
 DEFAULT_CLUSTER = "64x8"
 #: below this width rich squeezes the results table into unreadable wrapped cells
 MIN_TABLE_WIDTH = 160
@@ -233,6 +234,7 @@ def simulate(
     """Replay a trace under one or more policies; print a table and write outputs."""
     from gpusched.libs.core.workload import with_deadlines
     from gpusched.services.scheduler.runner import (
+        Interrupted,
         build_cluster,
         build_models,
         check_policies,
@@ -243,6 +245,7 @@ def simulate(
     from gpusched.services.scheduler.simulator import PolicyViolation, SimConfig
 
     out_console, err_console = _consoles()
+    stopped: Interrupted | None = None
     try:
         source = _trace_source(trace, synthetic_jobs)
         cluster_spec = _cluster_spec(cluster, nodes_file)
@@ -282,26 +285,35 @@ def simulate(
         config = SimConfig(
             restart_overhead_s=restart_overhead, round_s=round_s, predictor=predictor
         )
+        _announce(err_console, names, len(jobs))
         with _progress_bars(err_console) as progress:
-            results = (_run_bounded if opt_bound else run_policies)(
-                jobs,
-                built,
-                names,
-                truth,
-                estimates,
-                config,
-                progress,
-                max_resident_slowdown=max_resident_slowdown,
-            )
+            try:
+                results = run_policies(
+                    jobs,
+                    built,
+                    names,
+                    truth,
+                    estimates,
+                    config,
+                    progress,
+                    max_resident_slowdown=max_resident_slowdown,
+                    on_finished=_finished_lines(err_console, len(names)),
+                    opt_bound=opt_bound,
+                )
+            except Interrupted as exc:  # Ctrl-C: report the policies that finished
+                results, stopped = exc.finished, exc
     except _user_errors() as exc:
         _fail(err_console, str(exc))
     except PolicyViolation as exc:  # a policy bug, not a user mistake: exit 1
         _fail(err_console, f"policy broke a cluster invariant: {exc}", code=1)
+    if stopped is not None and not results:
+        _stop(err_console, stopped, "no policy had finished, so nothing was written")
     if measured is not None:
         results = [_measured(r, measured) for r in results]
     from gpusched.services.scheduler.report import summary_table
 
     out_console.print(summary_table(results))
+    notes = _print_notes(out_console, results, jobs, truth)
     settings: dict[str, object] = {
         "cpus_per_node": cpus_per_node,
         "mem_gb_per_node": mem_gb_per_node,
@@ -312,8 +324,11 @@ def simulate(
         settings["opt_bound"] = True
     from gpusched.services.scheduler.report_html import RunInfo
 
-    run = RunInfo.from_context(context, cluster=built, policies=names, notes=workload.notes)
-    _write(out_console, err_console, results, out, settings, run)
+    ran = [r.policy for r in results]
+    run = RunInfo.from_context(context, cluster=built, policies=ran, notes=workload.notes)
+    _write(out_console, err_console, results, out, settings, run, notes)
+    if stopped is not None:
+        _stop(err_console, stopped, f"the table and outputs cover the {len(ran)} that finished")
 
 
 def _write(
@@ -323,11 +338,12 @@ def _write(
     out: Path,
     settings: dict[str, object],
     run: RunInfo | None = None,
+    notes: Sequence[str] = (),
 ) -> None:
     from gpusched.services.scheduler.report import write_outputs
 
     try:
-        paths = write_outputs(results, out, settings, run)
+        paths = write_outputs(results, out, settings, run, notes)
     except OSError as exc:
         _fail(err_console, f"cannot write outputs to {out}: {exc.strerror or exc}")
     names = ", ".join(p.name for p in paths)
@@ -431,33 +447,6 @@ def _check_opt_bound(cluster: Cluster) -> None:
             f"--opt-bound divides the cluster's CPUs and host memory, and it has "
             f"{cpus:g} CPUs and {mem:g} GB; give nodes some (--cpus-per-node, --mem-gb-per-node)"
         )
-
-
-def _run_bounded(
-    jobs: Sequence[JobSpec],
-    cluster: Cluster,
-    names: Sequence[str],
-    truth: PerformanceModel,
-    estimates: PerformanceModel | None,
-    config: SimConfig,
-    progress_factory: ProgressFactory | None,
-    max_resident_slowdown: float | None,
-) -> list[SimResult]:
-    """`run_policies`, with each policy wrapped in `OptBounded` and the bound over the
-    run added to its result."""
-    from dataclasses import replace
-
-    from gpusched.services.scheduler.policies import make_policy
-    from gpusched.services.scheduler.simulator import simulate as run_simulation
-    from gpusched.services.scheduler.synergy_opt import OptBounded
-
-    results = []
-    for name in names:
-        bounded = OptBounded(make_policy(name, max_resident_slowdown=max_resident_slowdown))
-        progress = progress_factory(name, len(jobs)) if progress_factory else None
-        result = run_simulation(cluster, jobs, bounded, truth, estimates, config, progress)
-        results.append(replace(result, opt_bound=bounded.summary()))
-    return results
 
 
 def _measure_ids(spec: str | None) -> range | None:
@@ -615,6 +604,54 @@ def _progress_bars(console: Console) -> Iterator[ProgressFactory | None]:
             return update
 
         yield factory
+
+
+def _announce(console: Console, names: Sequence[str], n_jobs: int) -> None:
+    """What is about to run, and about how long it takes (``runner.estimate_s``)."""
+    from gpusched.services.scheduler.report import human_duration
+    from gpusched.services.scheduler.runner import estimate_s
+
+    count = f"{len(names)} polic{'y' if len(names) == 1 else 'ies'}"
+    took = human_duration(estimate_s(names, n_jobs))
+    console.print(
+        Text(
+            f"running {count} on {n_jobs:,} jobs, one after another ({', '.join(names)}): "
+            f"about {took} on a 2-core machine (per-policy rates: docs/results.md)"
+        ),
+        soft_wrap=True,
+    )
+
+
+def _finished_lines(console: Console, total: int) -> Callable[[SimResult], None]:
+    """A line per policy as its run ends, on a terminal or not."""
+    done = [0]
+
+    def finished(result: SimResult) -> None:
+        done[0] += 1
+        console.print(
+            Text(f"finished {result.policy} in {result.wall_s:.1f} s ({done[0]} of {total})"),
+            soft_wrap=True,
+        )
+
+    return finished
+
+
+def _print_notes(
+    console: Console, results: Sequence[SimResult], jobs: Sequence[JobSpec], truth: PerformanceModel
+) -> list[str]:
+    """Under the table, the facts that explain a figure (``result_notes``)."""
+    from gpusched.services.scheduler.result_notes import WorkloadFacts, result_notes
+
+    notes = result_notes(results, WorkloadFacts.of(jobs, truth))
+    for note in notes:
+        console.print(Text(f"note: {note}"), soft_wrap=True)
+    return notes
+
+
+def _stop(console: Console, stopped: KeyboardInterrupt, what: str) -> NoReturn:
+    """Ctrl-C during the runs: say what was kept, exit 130 as a shell does on SIGINT."""
+    console.print(Text(f"{stopped}: {what}", style="bold yellow"), soft_wrap=True)
+    raise typer.Exit(INTERRUPTED_EXIT)
 
 
 def _fail(console: Console, message: str, code: int = USAGE_EXIT) -> NoReturn:

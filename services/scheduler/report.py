@@ -101,21 +101,25 @@ def write_outputs(
     out_dir: str | Path,
     settings: Mapping[str, Any] | None = None,
     run: RunInfo | None = None,
+    notes: Sequence[str] = (),
 ) -> list[Path]:
-    """Write the summary (with the run's ``settings``), per-job CSV, plots and the one-file
+    """Write the summary (with the run's ``settings`` and the table's ``notes``, see
+    `gpusched.services.scheduler.result_notes`), per-job CSV, plots and the one-file
     report (with what ``run`` says of the run's options and trace) into ``out_dir``;
     return the paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary = out / SUMMARY_FILE
     document = summary_json(results, settings)
+    if notes:
+        document["notes"] = list(notes)
     summary.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
     write_jobs_csv(results, out / JOBS_FILE)
     plot_jct_cdf(results, out / JCT_CDF_FILE)
     plot_gpu_util(results, out / GPU_UTIL_FILE)
     plot_queue_length(results, out / QUEUE_FILE)
     plots = [(title, out / name) for title, name in PLOT_FILES.items()]
-    write_report_html(out / REPORT_FILE, summary_cells(results), document, plots, run)
+    write_report_html(out / REPORT_FILE, summary_cells(results), document, plots, run, notes)
     return [out / name for name in OUTPUT_FILES]
 
 
@@ -154,27 +158,65 @@ def _cell(value: float | None) -> object:
 # ------------------------------------------------------------------------------ plots
 
 
+#: matplotlib's "tab10" colours, then line styles: policy ``i`` of `POLICIES` (and any
+#: other name after them) draws in colour ``i % 10`` with style ``i // 10``, so up to 40
+#: policies each get a (colour, style) pair of their own, the same in every plot and run
+LINE_COLOURS = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+    "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+)  # fmt: skip
+LINE_STYLES = ("-", "--", ":", "-.")
+#: the queue-length plot's y axis is linear up to this many jobs and logarithmic above
+#: (symlog: an empty queue still shows), so one policy's spike of thousands leaves the
+#: others' tens readable
+QUEUE_LINEAR_UP_TO = 1.0
+
+
+def policy_styles(names: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """Each name's (colour, line style), distinct for up to 40 names: a policy of
+    `POLICIES` by its place there, any other name by its order after them."""
+    from gpusched.services.scheduler.policies import POLICIES
+
+    places = {name: i for i, name in enumerate(POLICIES)}
+    for name in names:
+        places.setdefault(name, len(places))
+    colours = len(LINE_COLOURS)
+    return {
+        name: (LINE_COLOURS[places[name] % colours], LINE_STYLES[places[name] // colours % 4])
+        for name in names
+    }
+
+
 def plot_jct_cdf(results: Sequence[SimResult], path: Path) -> None:
+    _save(jct_cdf_figure(results), path)
+
+
+def jct_cdf_figure(results: Sequence[SimResult]) -> Figure:
     fig, ax = _figure()
+    styles = policy_styles([r.policy for r in results])
     for result in results:
         jcts = sorted(j.jct_s for j in result.finished() if j.jct_s is not None and j.jct_s > 0)
         if jcts:
             fractions = [(i + 1) / len(jcts) for i in range(len(jcts))]
-            ax.step(jcts, fractions, where="post", label=result.policy)
+            colour, style = styles[result.policy]
+            ax.step(jcts, fractions, where="post", label=result.policy, color=colour, ls=style)
     if ax.lines:
         ax.set_xscale("log")  # JCTs span seconds to weeks; a linear axis hides the short ones
-        ax.legend()
+        _legend(ax)
     ax.set_xlabel("job completion time (s)")
     ax.set_ylabel("fraction of finished jobs")
     ax.set_ylim(0, 1.0)
     ax.set_title("JCT CDF")
-    _save(fig, path)
+    return fig
 
 
 def plot_gpu_util(results: Sequence[SimResult], path: Path) -> None:
-    _plot_timeline(
+    _save(gpu_util_figure(results), path)
+
+
+def gpu_util_figure(results: Sequence[SimResult]) -> Figure:
+    return _timeline_figure(
         results,
-        path,
         value=lambda r, p: p.busy_gpus / r.total_gpus if r.total_gpus else 0.0,
         ylabel="busy GPUs (fraction)",
         title="GPU utilisation",
@@ -182,36 +224,52 @@ def plot_gpu_util(results: Sequence[SimResult], path: Path) -> None:
 
 
 def plot_queue_length(results: Sequence[SimResult], path: Path) -> None:
-    _plot_timeline(
+    _save(queue_length_figure(results), path)
+
+
+def queue_length_figure(results: Sequence[SimResult]) -> Figure:
+    """Queued jobs over time on a y axis linear up to ``QUEUE_LINEAR_UP_TO`` and
+    logarithmic above (a queue of 10 and one of 10,000 both read)."""
+    fig = _timeline_figure(
         results,
-        path,
         value=lambda r, p: float(p.queued_jobs),
-        ylabel="queued jobs",
+        ylabel=f"queued jobs (log scale, linear below {QUEUE_LINEAR_UP_TO:g})",
         title="Queue length",
     )
+    ax = fig.axes[0]
+    ax.set_yscale("symlog", linthresh=QUEUE_LINEAR_UP_TO)
+    ax.set_ylim(bottom=0)
+    return fig
 
 
-def _plot_timeline(
+def _timeline_figure(
     results: Sequence[SimResult],
-    path: Path,
     value: Callable[[SimResult, TimelinePoint], float],
     ylabel: str,
     title: str,
-) -> None:
+) -> Figure:
     span = max((r.timeline[0].time + r.makespan_s for r in results if r.timeline), default=0.0)
     scale, unit = _time_unit(span)
     fig, ax = _figure()
+    styles = policy_styles([r.policy for r in results])
     for result in results:
         points = _within_run(result)
         if points:
             times = [p.time / scale for p in points]
-            ax.step(times, [value(result, p) for p in points], where="post", label=result.policy)
+            colour, style = styles[result.policy]
+            values = [value(result, p) for p in points]
+            ax.step(times, values, where="post", label=result.policy, color=colour, ls=style)
     if ax.lines:
-        ax.legend()
+        _legend(ax)
     ax.set_xlabel(f"time ({unit})")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    _save(fig, path)
+    return fig
+
+
+def _legend(ax: Axes) -> None:
+    # beside the plot, not on it: fourteen entries would hide the lines they name
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
 
 
 def _within_run(result: SimResult) -> tuple[TimelinePoint, ...]:
@@ -236,7 +294,7 @@ def _time_unit(span_s: float) -> tuple[float, str]:
 
 
 def _figure() -> tuple[Figure, Axes]:
-    fig = Figure(figsize=(8, 5), layout="constrained")
+    fig = Figure(figsize=(9, 5), layout="constrained")
     return fig, fig.add_subplot()
 
 

@@ -140,9 +140,11 @@ def write_report_html(
     summary: Mapping[str, Any],
     plots: Sequence[tuple[str, Path]],
     run: RunInfo | None = None,
+    notes: Sequence[str] = (),
 ) -> None:
-    """Write the page to ``path``; ``plots`` are (title, PNG file) already written."""
-    path.write_text(render(cells, summary, plots, run), encoding="utf-8")
+    """Write the page to ``path``; ``plots`` are (title, PNG file) already written,
+    ``notes`` the lines under the results table (``result_notes``)."""
+    path.write_text(render(cells, summary, plots, run, notes), encoding="utf-8")
 
 
 def render(
@@ -150,6 +152,7 @@ def render(
     summary: Mapping[str, Any],
     plots: Sequence[tuple[str, Path]],
     run: RunInfo | None = None,
+    notes: Sequence[str] = (),
 ) -> str:
     run = run or RunInfo()
     policies = run.policies or tuple(summary.get("policies", {}))
@@ -166,6 +169,7 @@ def render(
         "<h1>gpusched simulation</h1>",
         f'<p class="command"><code>{escape(run.command_line())}</code></p>',
         _results(cells, summary),
+        *([_result_notes(notes)] if notes else []),
         _plots(plots),
         _settings(run, policies, summary.get("settings")),
         _trace(run.notes),
@@ -202,6 +206,11 @@ def _results(cells: Cells, summary: Mapping[str, Any]) -> str:
         f"<tbody>\n{chr(10).join(body)}\n</tbody>\n"
         "</table>"
     )
+
+
+def _result_notes(notes: Sequence[str]) -> str:
+    items = "".join(f"<li>{escape(note)}</li>" for note in notes)
+    return f'<p>Notes on these results:</p>\n<ul class="result-notes">{items}</ul>'
 
 
 def _data_value(value: object) -> str:

@@ -23,7 +23,12 @@ from gpusched.libs.core.recurring import recurring_count, recurring_jobs
 from gpusched.libs.core.size_predictor import PREDICTORS
 from gpusched.libs.core.traces import LoadedTrace, TraceJob, load_alibaba_nodes, load_trace
 from gpusched.libs.core.workload import materialize, synthetic
-from gpusched.services.scheduler.policies import POLICIES, RESIDENT_CAP_POLICIES, make_policy
+from gpusched.services.scheduler.policies import (
+    POLICIES,
+    RESIDENT_CAP_POLICIES,
+    Policy,
+    make_policy,
+)
 from gpusched.services.scheduler.policies.sjf_bsbf import resident_cap_problem
 from gpusched.services.scheduler.results import SimResult
 from gpusched.services.scheduler.simulator import SimConfig, simulate
@@ -38,10 +43,28 @@ SYNTHETIC_PREFIX = "synthetic:"
 
 ProgressCallback = Callable[[int, int], None]
 ProgressFactory = Callable[[str, int], ProgressCallback]
+#: called with each policy's result as soon as its run ends
+FinishedCallback = Callable[[SimResult], None]
 
 
 class InputError(ValueError):
     """A user-supplied setting or workload that cannot be used; the message says why."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during `run_policies`, carrying the results of the policies that finished
+    before it (``finished``, in run order) and the name of the one it stopped
+    (``running``; None when it came between two runs). A caller that does not look for
+    it sees a plain KeyboardInterrupt."""
+
+    def __init__(self, finished: Sequence[SimResult], running: str | None) -> None:
+        if running is not None:
+            where = f"during policy {running}"
+        else:
+            where = f"after policy {finished[-1].policy}" if finished else "before any policy"
+        super().__init__(f"interrupted {where}")
+        self.finished = list(finished)
+        self.running = running
 
 
 @dataclass
@@ -259,15 +282,89 @@ def run_policies(
     config: SimConfig | None = None,
     progress_factory: ProgressFactory | None = None,
     max_resident_slowdown: float | None = None,
+    *,
+    on_finished: FinishedCallback | None = None,
+    opt_bound: bool = False,
 ) -> list[SimResult]:
     """Simulate ``jobs`` under each policy (all of `POLICIES` when none are named).
 
     ``progress_factory(policy, n_jobs)`` returns the progress callback for that run;
-    ``max_resident_slowdown`` goes to the policies that share GPUs.
+    ``on_finished(result)`` hears of each run as it ends; ``max_resident_slowdown`` goes
+    to the policies that share GPUs; with ``opt_bound`` each policy runs wrapped in
+    `OptBounded` and its result carries the Synergy-OPT bound over the run. Ctrl-C
+    raises `Interrupted` with the results of the runs that had ended.
     """
-    results = []
-    for name in check_policies(policy_names, max_resident_slowdown):
-        progress = progress_factory(name, len(jobs)) if progress_factory else None
-        policy = make_policy(name, max_resident_slowdown=max_resident_slowdown)
-        results.append(simulate(cluster, jobs, policy, truth, estimates, config, progress))
+    names = check_policies(policy_names, max_resident_slowdown)
+    results: list[SimResult] = []
+    running: str | None = None
+    try:
+        for name in names:
+            running = name
+            progress = progress_factory(name, len(jobs)) if progress_factory else None
+            policy = make_policy(name, max_resident_slowdown=max_resident_slowdown)
+            result = _run_one(cluster, jobs, policy, truth, estimates, config, progress, opt_bound)
+            results.append(result)
+            running = None
+            if on_finished is not None:
+                on_finished(result)
+    except KeyboardInterrupt:
+        raise Interrupted(results, running) from None
     return results
+
+
+def _run_one(
+    cluster: Cluster,
+    jobs: Sequence[JobSpec],
+    policy: Policy,
+    truth: PerformanceModel,
+    estimates: PerformanceModel | None,
+    config: SimConfig | None,
+    progress: ProgressCallback | None,
+    opt_bound: bool,
+) -> SimResult:
+    if not opt_bound:
+        return simulate(cluster, jobs, policy, truth, estimates, config, progress)
+    from dataclasses import replace
+
+    # imported here: the integer program's scipy parts are needed by --opt-bound alone
+    from gpusched.services.scheduler.synergy_opt import OptBounded
+
+    bounded = OptBounded(policy)
+    result = simulate(cluster, jobs, bounded, truth, estimates, config, progress)
+    return replace(result, opt_bound=bounded.summary())
+
+
+# ---------------------------------------------------------------------------- estimates
+
+
+#: Simulated jobs per wall second of each policy on the first 10,000 jobs of the Philly
+#: trace on 64 x 8 GPUs (the demo's run), on the 2-core development machine at
+#: machine_speed_s 0.57 (docs/results.md, "The demo's run time"); `estimate_s` reads
+#: them. A busier machine is slower: at machine_speed_s 0.95 to 1.56 the same run took
+#: three times as long.
+POLICY_RATES: dict[str, float] = {
+    "fifo": 4_800,
+    "fifo-backfill": 5_300,
+    "sjf": 5_900,
+    "edf": 5_000,
+    "genie": 2_300,
+    "srtf": 1_300,
+    "tiresias": 1_550,
+    "asrpt": 1_450,
+    "sjf-ffs": 1_300,
+    "sjf-bsbf": 1_500,
+    "synergy-fifo": 1_650,
+    "synergy-srtf": 1_950,
+    "synergy-las": 1_900,
+    # its genetic search costs more than any queue scan: 500 Philly jobs took 3 min,
+    # 5,000 took 24 min
+    "ones": 3,
+}
+#: a policy missing from ``POLICY_RATES``: the slowest rate there but ones's
+SLOWEST_RATE = 1_300.0
+
+
+def estimate_s(policy_names: Sequence[str], n_jobs: int) -> float:
+    """About how many wall seconds `run_policies` takes for ``n_jobs`` jobs under these
+    policies on the development machine (see ``POLICY_RATES``)."""
+    return sum(n_jobs / POLICY_RATES.get(name, SLOWEST_RATE) for name in policy_names)

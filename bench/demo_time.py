@@ -1,0 +1,72 @@
+"""How long ``./scripts/demo`` takes, without its pip install.
+
+Runs the very command the demo runs on the Philly trace (``gpusched simulate`` on its
+first ``DEMO_JOBS`` jobs, 64 x 8 GPUs, every policy but ones), in a process of its own,
+and prints its wall time, each policy's wall time and simulated jobs per second (the
+rates ``runner.POLICY_RATES`` holds), what ``runner.estimate_s`` said beforehand, and the
+machine-speed figure of the same run. The trace is not shipped: point --data-dir at a
+folder holding traces/philly/philly.csv (see docs/trace-format.md).
+
+    python bench/demo_time.py --data-dir ../shared/data [--limit 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from speed import print_machine_speed  # bench/ is the script's own directory
+
+from gpusched.services.scheduler.policies import POLICIES
+from gpusched.services.scheduler.runner import estimate_s
+
+#: as scripts/demo has them (DEMO_JOBS there)
+DEMO_JOBS = 10_000
+DEMO_CLUSTER = "64x8"
+LEFT_OUT = ("ones",)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data")
+    )
+    parser.add_argument("--limit", type=int, default=DEMO_JOBS)
+    args = parser.parse_args()
+    trace = Path(args.data_dir) / "traces" / "philly" / "philly.csv"
+    if not trace.exists():
+        print(f"skipped: {trace} is absent (see docs/trace-format.md for where to get it)")
+        sys.exit(0)
+    print_machine_speed()
+    names = [name for name in POLICIES if name not in LEFT_OUT]
+    print(f"estimate_s beforehand: {estimate_s(names, args.limit):.0f} s")
+    gpusched = Path(sys.executable).with_name("gpusched")
+    with tempfile.TemporaryDirectory() as out:
+        command = [
+            str(gpusched), "simulate", "--trace", str(trace), "--format", "philly",
+            "--data-dir", args.data_dir, "--cluster", DEMO_CLUSTER, "--limit", str(args.limit),
+            "--policy", ",".join(names), "--out", out,
+        ]  # fmt: skip
+        began = time.perf_counter()
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        wall = time.perf_counter() - began
+        policies = json.loads((Path(out) / "summary.json").read_text())["policies"]
+    simulated = sum(summary["wall_s"] for summary in policies.values())
+    print(f"{'policy':<14} {'wall s':>7} {'jobs/s':>8}")
+    for name, summary in policies.items():
+        print(f"{name:<14} {summary['wall_s']:>7.1f} {summary['jobs'] / summary['wall_s']:>8.0f}")
+    print(
+        f"demo command: {wall:.1f} s wall for {args.limit:,} jobs x {len(policies)} policies "
+        f"({simulated:.1f} s in the simulations, {wall - simulated:.1f} s loading, "
+        "starting and writing outputs)"
+    )
+    print_machine_speed()
+
+
+if __name__ == "__main__":
+    main()
