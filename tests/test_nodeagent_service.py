@@ -353,6 +353,7 @@ async def test_the_command_endpoint_is_a_nats_micro_service_named_with_its_node(
         ("command", subjects.node_command(NODE)),
         ("profile", subjects.node_profile(NODE)),
         ("compute_profile", subjects.node_compute_profile(NODE)),
+        ("gpu_profile", subjects.node_gpu_profile(NODE)),
     }
     ping = json.loads((await nc.request("$SRV.PING.gpusched-nodeagent", b"", timeout=5)).data)
     assert (ping["name"], ping["id"], ping["metadata"]) == (

@@ -103,10 +103,11 @@ async def test_the_service_answers_ping_and_info_with_its_name_and_endpoints(
         subjects.PREDICT_REMAINING,
         subjects.PREDICT_SIZE_ERROR,
         subjects.PREDICT_COMPUTE_PROFILE,
+        subjects.PREDICT_MEASURED_PROFILE,
     }
     assert {e["name"] for e in info["endpoints"]} == {
         "iterations", "throughput", "slowdown", "cpu_profile", "remaining", "size_error",
-        "compute_profile",
+        "compute_profile", "measured_profile",
     }
 
 
@@ -405,7 +406,8 @@ async def test_learning_is_saved_while_the_predictor_runs(
         assert await saved() is None  # nothing learned, nothing written
         await publish(nc, progress("job-2", 1, 0.5))
         learned: Learned = await wait_until(saved, timeout_s=5)
-    assert [entry.key for entry in learned.solo] == [["resnet50", 64, 1]]
+    # (model, batch, GPUs, GPU type): node n0 is not registered, so of no known type
+    assert [entry.key for entry in learned.solo] == [["resnet50", 64, 1, ""]]
     assert learned.solo[0].samples == 1
 
 

@@ -163,6 +163,7 @@ def scheduler() -> Permissions:
             subjects.ALL_JOB_PROGRESS,
             subjects.ALL_CPU_PROFILES,
             subjects.ALL_COMPUTE_PROFILES,
+            subjects.ALL_GPU_PROFILES,
             f"{P}.scheduler.*.status",
             "$SRV.>",
         ),
@@ -181,6 +182,9 @@ def predictor() -> Permissions:
             # and GENIE's compute profiles
             f"{P}.node.*.compute_profile",
             subjects.ALL_COMPUTE_PROFILES,
+            # the measured profile of a GPU type it stored; a node's GPU type
+            subjects.ALL_GPU_PROFILES,
+            *_read_bucket(subjects.NODES_BUCKET),
             # each submitted job's predicted size, stored in the jobs stream; it may
             # bring a stream made before that subject up to date (``gpusched up``
             # starts the predictor first)
@@ -197,6 +201,8 @@ def predictor() -> Permissions:
             subjects.ALL_JOB_STATES,
             # each submission's size is predicted, and scored once the job succeeds
             subjects.ALL_JOB_SUBMISSIONS,
+            # what node agents measured on their GPU types
+            subjects.ALL_NODE_MEASURED_PROFILES,
             "$SRV.>",
         ),
         allow_responses=True,
@@ -215,11 +221,15 @@ def nodeagent(node: str) -> Permissions:
             subjects.ALL_JOB_PROGRESS,
             f"{P}.job.*.exit",
             *_open_stores(),
+            # its GPU type's measured figures: asks what is stored, hands in what it measured
+            subjects.PREDICT_MEASURED_PROFILE,
+            subjects.node_measured_profile(node),
         ),
         subscribe=(
             subjects.node_command(node),
             subjects.node_profile(node),
             subjects.node_compute_profile(node),
+            subjects.node_gpu_profile(node),
             *_micro_discovery(NODEAGENT_SERVICE),
         ),
         allow_responses=True,

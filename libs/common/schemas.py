@@ -444,6 +444,9 @@ class PredictRequest(msgspec.Struct, frozen=True, kw_only=True):
     dataset: Label = ""
     tensor_parallel: PositiveInt = 1
     pipeline_parallel: PositiveInt = 1
+    #: the GPU type the job runs on (a measured profile's key, docs/profiles.md): its
+    #: measured figures time the job where the predictor holds them; '' for none
+    gpu_type: Annotated[str, msgspec.Meta(max_length=64, pattern=r"^[A-Za-z0-9_-]*$")] = ""
 
 
 class SizeErrorReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -584,6 +587,59 @@ class ComputeProfileRequest(msgspec.Struct, frozen=True, kw_only=True):
     iterations: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 20
     links: bool = False
     refresh: bool = False
+
+
+class MeasuredPoint(msgspec.Struct, frozen=True, kw_only=True):
+    """A model measured on one device at ``batch_size`` samples per iteration: seconds
+    per iteration and peak memory (MiB) of the worker (docs/profiles.md)."""
+
+    batch_size: BatchSize
+    iteration_s: Annotated[float, msgspec.Meta(gt=0)]
+    memory_mb: Annotated[float, msgspec.Meta(ge=0)]
+
+
+class MeasuredModel(msgspec.Struct, frozen=True, kw_only=True):
+    """One model's measured points on a GPU type and what measured them: the
+    architecture trained (``real``, the worker's ``stand-in``, or ``emulated``: taken
+    from the ground truth on a node with emulated GPUs), the device, torch's version,
+    when (ISO 8601, UTC) and on which node."""
+
+    architecture: Literal["real", "stand-in", "emulated"]
+    device: Name
+    torch: Label = ""
+    measured_at: Name
+    node: Label = ""
+    points: Annotated[list[MeasuredPoint], msgspec.Meta(min_length=1)]
+
+
+class MeasuredProfile(msgspec.Struct, frozen=True, kw_only=True):
+    """The measured profile of one GPU type (``gpu_name`` as NVML names it, ``gpu_type``
+    its normalised key): the file format of docs/profiles.md as a message."""
+
+    format: Literal["gpusched-measured-profile"] = "gpusched-measured-profile"
+    version: Literal[1] = 1
+    gpu_name: Name
+    gpu_type: IdStr
+    models: Annotated[dict[Name, MeasuredModel], msgspec.Meta(min_length=1)]
+
+
+class MeasuredProfileRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """Ask the predictor for a GPU type's measured profile: the whole of it, or only
+    ``model``'s figures (404 when it has none, or none at ``batch_size`` when given)."""
+
+    gpu_type: IdStr
+    model: Name | None = None
+    batch_size: BatchSize | None = None
+
+
+class GpuProfileRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """Ask a node agent to measure ``model`` on its GPU type now, at ``batch_sizes``
+    (per-GPU batches; empty: the model's default batch and its half), ``repeats`` timed
+    iterations each; it answers the figures and hands them to the predictor."""
+
+    model: Name
+    batch_sizes: Annotated[list[BatchSize], msgspec.Meta(max_length=32)] = []
+    repeats: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 10
 
 
 def split_problem(batch_size: int, gpus: int, accum_steps: int) -> str:

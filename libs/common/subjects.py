@@ -36,6 +36,8 @@ PREDICTOR_LEARNED_KEY = "learned"
 PREDICTOR_HISTORIES_KEY = "progress_histories"
 #: in PREDICTOR_BUCKET: the size forest's training rows and its error figures
 PREDICTOR_SIZES_KEY = "size_rows"
+#: in PREDICTOR_BUCKET: the measured profile of every GPU type (docs/profiles.md)
+PREDICTOR_MEASURED_KEY = "measured_profiles"
 SCHEDULER_LEASE_KEY = "scheduler"
 
 
@@ -94,6 +96,23 @@ def compute_profile_measured(model: str) -> str:
     return f"{PREFIX}.model.{_id(model)}.compute_profile"
 
 
+def node_gpu_profile(node: str) -> str:
+    """NATS micro endpoint of a node agent: measure a model on its GPU type now."""
+    return f"{PREFIX}.node.{_id(node)}.gpu_profile"
+
+
+def node_measured_profile(node: str) -> str:
+    """Requested by a node agent: figures it measured on its GPU type, for the predictor
+    to store (it answers a CommandReply)."""
+    return f"{PREFIX}.node.{_id(node)}.measured_profile"
+
+
+def gpu_profile_stored(gpu_type: str) -> str:
+    """Published by the predictor whenever it stores figures of a GPU type: the type's
+    whole measured profile."""
+    return f"{PREFIX}.gpu.{_id(gpu_type)}.measured_profile"
+
+
 def node_heartbeat(node: str) -> str:
     return f"{PREFIX}.node.{_id(node)}.heartbeat"
 
@@ -124,6 +143,8 @@ PREDICT_CPU_PROFILE = f"{PREDICTOR_GROUP}.cpu_profile"
 PREDICT_SIZE_ERROR = f"{PREDICTOR_GROUP}.size_error"
 #: a model's compute profile (ComputeProfileRequest -> ComputeProfile)
 PREDICT_COMPUTE_PROFILE = f"{PREDICTOR_GROUP}.compute_profile"
+#: a GPU type's measured profile (MeasuredProfileRequest -> MeasuredProfile)
+PREDICT_MEASURED_PROFILE = f"{PREDICTOR_GROUP}.measured_profile"
 
 ALL_JOB_STATES = f"{PREFIX}.job.*.state"
 ALL_JOB_SUBMISSIONS = f"{PREFIX}.job.*.submitted"
@@ -131,6 +152,8 @@ ALL_JOB_PROGRESS = f"{PREFIX}.job.*.progress"
 ALL_JOB_PREDICTED_SIZES = f"{PREFIX}.job.*.predicted_size"
 ALL_CPU_PROFILES = f"{PREFIX}.model.*.cpu_profile"
 ALL_COMPUTE_PROFILES = f"{PREFIX}.model.*.compute_profile"
+ALL_NODE_MEASURED_PROFILES = f"{PREFIX}.node.*.measured_profile"
+ALL_GPU_PROFILES = f"{PREFIX}.gpu.*.measured_profile"
 ALL_HEARTBEATS = f"{PREFIX}.node.*.heartbeat"
 ALL_TELEMETRY = f"{PREFIX}.node.*.telemetry"
 EVERYTHING = f"{PREFIX}.>"

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from gpusched.libs.core.cluster import DEFAULT_CPUS_PER_GPU, DEFAULT_HOST_MEM_GB_PER_GPU
 from gpusched.services.cli.live import register as register_live_commands
+from gpusched.services.cli.profile import register as register_profile_command
 from gpusched.services.cli.serve import register as register_service_commands
 
 if TYPE_CHECKING:
@@ -129,6 +130,13 @@ def simulate(
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed for models, generated jobs and noise.")] = 0,
     data_dir: Annotated[Path | None, typer.Option(help=_DATA_DIR_HELP)] = None,
+    profiles: Annotated[
+        Path | None,
+        typer.Option(
+            help="Measured profile file of one GPU type (docs/profiles.md): its models' "
+            "iteration times and memory replace the research profiles'."
+        ),
+    ] = None,
     skip_bad_rows: Annotated[
         bool,
         typer.Option(
@@ -261,7 +269,9 @@ def simulate(
         built = build_cluster(cluster_spec, data_dir, cpus_per_node, mem_gb_per_node)
         if opt_bound:
             _check_opt_bound(built)
-        truth, estimates = build_models(data_dir, prediction_error, seed, speed_model.value)
+        truth, estimates = build_models(
+            data_dir, prediction_error, seed, speed_model.value, profiles=profiles
+        )
         measured = _measure_ids(measure_ids)
         slack = _slack(deadlines)
         workload = _synergy_workload(source, truth, seed, rate, multigpu, built) or load_workload(
@@ -661,6 +671,7 @@ def _fail(console: Console, message: str, code: int = USAGE_EXIT) -> NoReturn:
 
 register_live_commands(app)
 register_service_commands(app)
+register_profile_command(app)
 
 
 def main() -> None:

@@ -52,6 +52,7 @@ from gpusched.services.nodeagent.checks import run_kind, start_problem
 from gpusched.services.nodeagent.command_service import (
     serve_commands,
     serve_compute_profiles,
+    serve_gpu_profiles,
     serve_profiles,
 )
 from gpusched.services.nodeagent.compute_profiling import measure_compute_profile
@@ -59,6 +60,7 @@ from gpusched.services.nodeagent.config import NodeAgentConfig
 from gpusched.services.nodeagent.cores import machine_cores, pick_cores, real_cores
 from gpusched.services.nodeagent.cpu_profiling import ProfileSettings, measure_cpu_profile
 from gpusched.services.nodeagent.exits import PUBLISH_TIMEOUT_S, ExitOutbox, job_exit
+from gpusched.services.nodeagent.gpu_profiling import GpuProfiling
 from gpusched.services.nodeagent.gpus import GpuInventory, Nvml, discover
 from gpusched.services.nodeagent.job_contract import process_plan
 from gpusched.services.nodeagent.metrics import JobReading, NodeView, metrics
@@ -189,6 +191,8 @@ class NodeAgent(Actor[AgentMessage]):
         self._machine_cores = machine_cores()
         #: one CPU profile at a time: two would measure each other
         self._profiling = asyncio.Lock()
+        #: the measured profile of the node's GPU type (services/nodeagent/gpu_profiling.py)
+        self._gpu_profiling: GpuProfiling | None = None
 
     # ---- public ---------------------------------------------------------------------
     @property
@@ -273,6 +277,13 @@ class NodeAgent(Actor[AgentMessage]):
         )
         await serve_profiles(self._commands, config.name, self._measure_cpu_profile)
         await serve_compute_profiles(self._commands, config.name, self._measure_compute)
+        self._gpu_profiling = GpuProfiling(
+            self._nc, self._info, self._truth,
+            lambda: [i for run in self._runs.values() for i in run.start.gpus],
+            self._profiling, self.log,
+        )  # fmt: skip
+        self._stack.push_async_callback(self._gpu_profiling.stop)
+        await serve_gpu_profiles(self._commands, config.name, self._gpu_profiling.on_request)
         await self._nc.flush()
         self._seen_reconnects = self._nc.stats["reconnects"]
         self._registered = await self._register()
@@ -574,6 +585,8 @@ class NodeAgent(Actor[AgentMessage]):
             plan = process_plan(start, self.config, self._inventory, self._real_cores(run.cores))
             run.process = ProcessRun(plan, self.tell)
             await run.process.__aenter__()
+        if self.config.measure_profiles and self._gpu_profiling is not None:
+            self._gpu_profiling.on_start(start, kind)  # in the background
         return CommandReply(True, rendezvous=start.rendezvous)
 
     def _start_problem(self, start: StartJob) -> str:

@@ -32,6 +32,8 @@ from gpusched.libs.common.schemas import (
     ComputeProfileRequest,
     CpuProfile,
     CpuProfileRequest,
+    GpuProfileRequest,
+    MeasuredProfile,
 )
 
 SERVICE_NAME = natsauth.NODEAGENT_SERVICE
@@ -40,6 +42,7 @@ SERVICE_DESCRIPTION = "gpusched node agent: starts, stops and resizes jobs on on
 ENDPOINT = "command"
 PROFILE_ENDPOINT = "profile"
 COMPUTE_PROFILE_ENDPOINT = "compute_profile"
+GPU_PROFILE_ENDPOINT = "gpu_profile"
 _COMMAND = cast("type[Command]", Command)
 Wanted = TypeVar("Wanted", bound=msgspec.Struct)
 
@@ -123,6 +126,20 @@ async def serve_compute_profiles(
     await _serve_measurement(
         service, node, COMPUTE_PROFILE_ENDPOINT, subjects.node_compute_profile(node),
         ComputeProfileRequest, measure,
+    )  # fmt: skip
+
+
+async def serve_gpu_profiles(
+    service: Service, node: str,
+    measure: Callable[[GpuProfileRequest], Awaitable[MeasuredProfile]],
+) -> None:  # fmt: skip
+    """Add the ``gpu_profile`` endpoint on ``gpusched.node.<node>.gpu_profile``: a
+    :class:`~gpusched.libs.common.schemas.GpuProfileRequest` in, the figures ``measure``
+    takes on the node's GPU type out (services/nodeagent/gpu_profiling.py); errors as for
+    ``profile``."""
+    await _serve_measurement(
+        service, node, GPU_PROFILE_ENDPOINT, subjects.node_gpu_profile(node),
+        GpuProfileRequest, measure,
     )  # fmt: skip
 
 

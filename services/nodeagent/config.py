@@ -91,6 +91,9 @@ class NodeAgentConfig:
     #: passes over the CPU counts of a CPU profile (services/nodeagent/cpu_profiling.py);
     #: each point keeps its fastest pass
     cpu_profile_rounds: int = 2
+    #: measure a model on the node's GPU type the first time a run of it starts here,
+    #: where the predictor holds no figures of it (services/nodeagent/gpu_profiling.py)
+    measure_profiles: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.nats_url, str) or not self.nats_url.startswith(NATS_SCHEMES):
@@ -197,4 +200,5 @@ ENVIRONMENT: dict[str, Setting[Any]] = {
     "metrics_port": Setting("GPUSCHED_NODEAGENT_METRICS_PORT", settings.integer()),
     "advertise_host": Setting("GPUSCHED_NODEAGENT_HOST", settings.text()),
     "cpu_profile_rounds": Setting("GPUSCHED_NODEAGENT_CPU_PROFILE_ROUNDS", settings.integer()),
+    "measure_profiles": Setting("GPUSCHED_NODEAGENT_MEASURE_PROFILES", settings.boolean()),
 }

@@ -23,6 +23,8 @@ from gpusched.libs.common.schemas import (
     ComputeProfileRequest,
     CpuProfile,
     CpuProfileRequest,
+    MeasuredProfile,
+    MeasuredProfileRequest,
     Prediction,
     PredictRequest,
     RemainingRequest,
@@ -83,6 +85,14 @@ class PredictorClient:
         return await self._stored(
             subjects.PREDICT_COMPUTE_PROFILE, ComputeProfileRequest(model=model), ComputeProfile
         )
+
+    async def measured_profile(
+        self, gpu_type: str, model: str | None = None, batch_size: int | None = None
+    ) -> MeasuredProfile | None:
+        """The measured profile of ``gpu_type`` (only ``model``'s figures where given, and
+        only if they hold ``batch_size`` where given); None when there is none."""
+        request = MeasuredProfileRequest(gpu_type=gpu_type, model=model, batch_size=batch_size)
+        return await self._stored(subjects.PREDICT_MEASURED_PROFILE, request, MeasuredProfile)
 
     async def _stored(self, subject: str, req: msgspec.Struct, kind: type[T]) -> T | None:
         """What the predictor stored; None when it has nothing (404)."""

@@ -5,11 +5,15 @@ questions, tests drive it directly.
 
 What it learns, and from what:
 
-- **Iteration time** of a ``(model, batch_size, gpus)``: every progress event of a job
-  running alone (no co-runners) gives ``measured / profiled`` seconds per iteration,
-  the profile taken at the event's own nodes and accumulation steps. An exponentially
-  weighted moving average of that ratio (``history_weight`` per sample, starting from
-  1.0, i.e. from the profile) multiplies the profile's answer.
+- **Iteration time** of a ``(model, batch_size, gpus)`` on a GPU type: every progress
+  event of a job running alone (no co-runners) gives ``measured / profiled`` seconds
+  per iteration, the profile taken at the event's own nodes and accumulation steps. An
+  exponentially weighted moving average of that ratio (``history_weight`` per sample,
+  starting from 1.0, i.e. from the profile) multiplies the profile's answer. The
+  profile of a GPU type with a measured profile (docs/profiles.md) is its measured
+  figures over the research ones (libs/core/measured.py), so the ratio corrects the
+  measured figure and stays near 1 there; a ratio is kept per GPU type (the event's
+  node's, '' where unknown) and a new measurement of the model drops that type's.
 - **Co-location slowdown** of a pair: a progress event with exactly one co-runner whose
   model is known (from that job's own last progress event) gives the measured slowdown
   ``measured / predicted exclusive time``; a moving average of its ratio to the
@@ -33,13 +37,16 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
 import msgspec
 
 from gpusched.libs.common.schemas import CpuProfile, JobProgressEvent, Prediction, PredictRequest
+from gpusched.libs.core.measured import MeasuredPerformance
 from gpusched.libs.core.perf import PerformanceModel, UnknownModelError
+from gpusched.libs.core.profiles.measured import GpuProfile
 from gpusched.libs.core.profiles.synergy import SYNERGY_FAIR_CPUS, SYNERGY_FAIR_MEM_GB
 from gpusched.libs.core.shape import JobShape
 from gpusched.services.predictor.cpu_profiles import Sensitivity
@@ -69,12 +76,15 @@ MAX_TRACKED_JOBS = 100_000
 
 SOURCE_PROFILE = "profile"
 SOURCE_HISTORY = "profile+history"
+SOURCE_MEASURED = "measured"
+SOURCE_MEASURED_HISTORY = "measured+history"
 SOURCE_DECLARED = "declared"
 SOURCE_COMPLETED = "history"
 SOURCE_DEFAULT = "default"
 
 K = TypeVar("K")
-SoloKey = tuple[str, int, int]
+#: (model, batch size, GPUs, GPU type)
+SoloKey = tuple[str, int, int, str]
 PairKey = tuple[str, int, int, str, int, int]
 
 
@@ -100,7 +110,8 @@ class MovingAverage:
 
 
 class LearnedRatio(msgspec.Struct, frozen=True, array_like=True):
-    #: (model, batch size, GPUs), and the partner's three for a pair
+    #: (model, batch size, GPUs, GPU type) of a job alone (stores of before GPU types
+    #: hold the first three), and (model, batch size, GPUs) of both jobs of a pair
     key: list[str | int]
     value: float
     samples: int
@@ -157,6 +168,9 @@ class BaselinePredictor:
         self._jobs: OrderedDict[str, _LastProgress] = OrderedDict()
         #: model -> its measured CPU/memory sensitivity
         self._sensitivity: dict[str, Sensitivity] = {}
+        #: GPU type -> its measured profile, and the performance model timing it
+        self._measured: dict[str, GpuProfile] = {}
+        self._typed: dict[str, MeasuredPerformance] = {}
         #: bumped by every change to what is learned (to know when to save it)
         self.changes = 0
 
@@ -164,6 +178,25 @@ class BaselinePredictor:
 
     def models(self) -> tuple[str, ...]:
         return self.performance.models()
+
+    def performance_for(self, gpu_type: str) -> PerformanceModel:
+        """The profiles of a job on ``gpu_type``: its measured figures over
+        :attr:`performance` where it has a measured profile, else :attr:`performance`."""
+        profile = self._measured.get(gpu_type)
+        if profile is None:
+            return self.performance
+        typed = self._typed.get(gpu_type)
+        # a compute profile replaces ``performance``: the wrapper follows it
+        if typed is None or typed.inner is not self.performance or typed.profile is not profile:
+            typed = self._typed[gpu_type] = MeasuredPerformance(self.performance, profile)
+        return typed
+
+    def measured_profile(self, gpu_type: str) -> GpuProfile | None:
+        """The measured profile of ``gpu_type``; None where none was measured."""
+        return self._measured.get(gpu_type)
+
+    def gpu_types(self) -> tuple[str, ...]:
+        return tuple(sorted(self._measured))
 
     def iterations(self, req: PredictRequest) -> Prediction:
         """The declared iterations, else the mean of completed jobs of the model, else
@@ -232,13 +265,14 @@ class BaselinePredictor:
 
     # ----------------------------------------------------------------- learning
 
-    def observe_progress(self, event: JobProgressEvent) -> bool:
-        """Learn from one progress event; True when it changed an estimate.
+    def observe_progress(self, event: JobProgressEvent, gpu_type: str = "") -> bool:
+        """Learn from one progress event of a run on ``gpu_type`` (its node's; '' where
+        unknown); True when it changed an estimate.
 
         Raises :class:`UnknownModelError` for a model without a profile and
         ``ValueError`` for an impossible placement (more nodes than GPUs).
         """
-        profiled_s = self.performance.iteration_time(
+        profiled_s = self.performance_for(gpu_type).iteration_time(
             event.model, event.batch_size, event.gpus, event.nodes, event.accum_steps
         )
         previous = self._remember(event)
@@ -252,9 +286,9 @@ class BaselinePredictor:
         ):
             return False
         if not event.co_runners:
-            self._average(self._solo, (event.model, event.batch_size, event.gpus)).add(
-                _clamp(measured_s / profiled_s)
-            )
+            self._average(
+                self._solo, (event.model, event.batch_size, event.gpus, gpu_type)
+            ).add(_clamp(measured_s / profiled_s))
             self.changes += 1
             return True
         if len(event.co_runners) != 1:
@@ -262,7 +296,9 @@ class BaselinePredictor:
         partner = self._jobs.get(event.co_runners[0])
         if partner is None:
             return False
-        exclusive_s = profiled_s * self._solo_factor(event.model, event.batch_size, event.gpus)
+        exclusive_s = profiled_s * self._solo_factor(
+            event.model, event.batch_size, event.gpus, gpu_type
+        )
         profiled_slowdown = self.performance.colocation_slowdown(
             JobShape(event.model, event.batch_size, event.gpus, event.accum_steps),
             JobShape(partner.model, partner.batch_size, partner.gpus, partner.accum_steps),
@@ -291,11 +327,23 @@ class BaselinePredictor:
         self._sensitivity[profile.model] = Sensitivity(profile)
         self.changes += 1
 
-    def forget_speed(self, model: str) -> None:
-        """Drop ``model``'s learned speed corrections: its profiled times changed (a
-        compute profile replaced them), and they were ratios to the old ones."""
-        for key in [key for key in self._solo if key[0] == model]:
+    def forget_speed(self, model: str, gpu_type: str | None = None) -> None:
+        """Drop ``model``'s learned speed corrections (on ``gpu_type`` only, where
+        given): its profiled times changed (a compute profile or measured figures
+        replaced them), and they were ratios to the old ones."""
+        for key in [
+            key for key in self._solo
+            if key[0] == model and (gpu_type is None or key[3] == gpu_type)
+        ]:  # fmt: skip
             del self._solo[key]
+        self.changes += 1
+
+    def observe_measured(self, profile: GpuProfile, models: Iterable[str]) -> None:
+        """``profile`` is now the measured profile of its GPU type, and ``models`` got new
+        figures in it: their learned speed corrections on that type are dropped."""
+        self._measured[profile.gpu_type] = profile
+        for model in models:
+            self.forget_speed(model, profile.gpu_type)
         self.changes += 1
 
     def cpu_profile(self, model: str) -> CpuProfile | None:
@@ -324,7 +372,9 @@ class BaselinePredictor:
                                      (self._pairs, learned.pairs, 6)):
             for entry in entries:
                 key = tuple(entry.key)
-                if not _valid_key(key, size, known) or not entry.value > 0:
+                if table is self._solo:
+                    key = _solo_key(key)
+                if not _valid_key(key[:size], size, known) or not entry.value > 0:
                     continue
                 table[key] = MovingAverage(  # type: ignore[index]
                     self.history_weight, _clamp(entry.value), max(0, entry.samples)
@@ -345,9 +395,9 @@ class BaselinePredictor:
 
     # ----------------------------------------------------------------- introspection
 
-    def solo_factor(self, model: str, batch_size: int, gpus: int) -> float:
+    def solo_factor(self, model: str, batch_size: int, gpus: int, gpu_type: str = "") -> float:
         """The learned measured/profiled iteration-time ratio (1.0 before any sample)."""
-        return self._solo_factor(model, batch_size, gpus)
+        return self._solo_factor(model, batch_size, gpus, gpu_type)
 
     def tracked_jobs(self) -> int:
         return len(self._jobs)
@@ -365,15 +415,19 @@ class BaselinePredictor:
             )
 
     def _iteration_s(self, req: PredictRequest) -> tuple[float, str]:
-        seconds = self.performance.iteration_time(
+        performance = self.performance_for(req.gpu_type)
+        seconds = performance.iteration_time(
             req.model, req.batch_size, req.gpus, req.nodes, req.accum_steps
         )
-        measured = self._sensitivity.get(req.model)
+        measured = isinstance(performance, MeasuredPerformance) and performance.measured(
+            req.model
+        )
+        sensitivity = self._sensitivity.get(req.model)
         allocated = req.cpus_per_gpu is not None or req.mem_gb_per_gpu is not None
-        if measured is not None and allocated:
-            seconds /= measured.speedup(
-                measured.fair_cpus if req.cpus_per_gpu is None else req.cpus_per_gpu,
-                measured.fair_mem_gb if req.mem_gb_per_gpu is None else req.mem_gb_per_gpu,
+        if sensitivity is not None and allocated:
+            seconds /= sensitivity.speedup(
+                sensitivity.fair_cpus if req.cpus_per_gpu is None else req.cpus_per_gpu,
+                sensitivity.fair_mem_gb if req.mem_gb_per_gpu is None else req.mem_gb_per_gpu,
             )
         elif allocated:
             speedup = self.performance.cpu_mem_speedup(
@@ -384,13 +438,13 @@ class BaselinePredictor:
             )
             if speedup > 0:
                 seconds /= speedup
-        learned = self._solo.get((req.model, req.batch_size, req.gpus))
+        learned = self._solo.get((req.model, req.batch_size, req.gpus, req.gpu_type))
         if learned is None:
-            return seconds, SOURCE_PROFILE
-        return seconds * learned.value, SOURCE_HISTORY
+            return seconds, SOURCE_MEASURED if measured else SOURCE_PROFILE
+        return seconds * learned.value, SOURCE_MEASURED_HISTORY if measured else SOURCE_HISTORY
 
-    def _solo_factor(self, model: str, batch_size: int, gpus: int) -> float:
-        learned = self._solo.get((model, batch_size, gpus))
+    def _solo_factor(self, model: str, batch_size: int, gpus: int, gpu_type: str) -> float:
+        learned = self._solo.get((model, batch_size, gpus, gpu_type))
         return 1.0 if learned is None else learned.value
 
     def _average(self, table: dict[K, MovingAverage], key: K) -> MovingAverage:
@@ -424,6 +478,16 @@ def _valid_key(key: tuple[str | int, ...], size: int, known: set[str]) -> bool:
         if batch_size < 1 or gpus < 1:
             return False
     return True
+
+
+def _solo_key(key: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """A stored solo key with its GPU type: '' for one stored before GPU types; an
+    impossible key where the type is not text (:func:`_valid_key` refuses it)."""
+    if len(key) == 3:
+        return (*key, "")
+    if len(key) == 4 and isinstance(key[3], str):
+        return key
+    return ()
 
 
 def _clamp(ratio: float) -> float:

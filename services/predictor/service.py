@@ -40,7 +40,11 @@ with the rest of what was learned. ``compute_profile`` does the same for GENIE's
 compute profiles (:class:`~gpusched.libs.common.schemas.ComputeProfileRequest`,
 services/predictor/compute_profiles.py; ``profile_compute`` configured: measured where a
 job of an unprofiled model first runs; published on
-``gpusched.model.<model>.compute_profile``). What it learned is
+``gpusched.model.<model>.compute_profile``). ``measured_profile`` answers a GPU type's
+measured profile (:class:`~gpusched.libs.common.schemas.MeasuredProfileRequest`,
+services/predictor/measured_profiles.py): node agents hand their measurements in on
+``gpusched.node.<node>.measured_profile``, and a request naming a GPU type is timed from
+that type's figures. What it learned is
 saved to the KV bucket ``gpusched_predictor`` every ``save_every_s`` while it changes and
 on stop, and read back at start, so a restarted predictor keeps its corrections.
 """
@@ -89,6 +93,7 @@ from gpusched.libs.common.schemas import (
     JobState,
     JobStateEvent,
     JobSubmitted,
+    MeasuredProfileRequest,
     Prediction,
     PredictRequest,
     RemainingRequest,
@@ -99,6 +104,7 @@ from gpusched.libs.core.groundtruth import load_performance_model
 from gpusched.libs.core.perf import UnknownModelError
 from gpusched.services.predictor.compute_profiles import ComputeProfiler, ask_node
 from gpusched.services.predictor.config import PredictorConfig
+from gpusched.services.predictor.measured_profiles import MeasuredProfiles
 from gpusched.services.predictor.model import BaselinePredictor, Learned
 from gpusched.services.predictor.progress import (
     DEFAULT_EPOCH_SAMPLES,
@@ -269,6 +275,8 @@ class PredictorService:
         self._background: set[asyncio.Task[None]] = set()
         #: GENIE's compute profiles (services/predictor/compute_profiles.py)
         self.compute = ComputeProfiler(self.predictor, config.profile_timeout_s)
+        #: measured profiles per GPU type (services/predictor/measured_profiles.py)
+        self.measured = MeasuredProfiles(self.predictor)
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -288,6 +296,7 @@ class PredictorService:
             await self._restore_histories()
             await self._restore_sizes()
             await self.compute.start(self._nc, self._learned_kv)
+            await self.measured.start(self._nc, self._learned_kv, self._stores.nodes)
             self._service = await micro.add_service(
                 self._nc,
                 name=SERVICE_NAME,
@@ -315,6 +324,10 @@ class PredictorService:
             await group.add_endpoint(
                 name=subjects.PREDICT_COMPUTE_PROFILE.removeprefix(subjects.PREDICTOR_GROUP + "."),
                 handler=self._answer_compute_profile,
+            )
+            await group.add_endpoint(
+                name=subjects.PREDICT_MEASURED_PROFILE.removeprefix(subjects.PREDICTOR_GROUP + "."),
+                handler=self._answer_measured_profile,
             )
             await group.add_endpoint(
                 name=subjects.PREDICT_SIZE_ERROR.removeprefix(subjects.PREDICTOR_GROUP + "."),
@@ -348,6 +361,7 @@ class PredictorService:
                 await task
         self._profiling.clear()
         await self.compute.stop()
+        await self.measured.stop()
         await self.sizes.stop()
         if self._saver is not None:
             self._saver.cancel()
@@ -439,6 +453,13 @@ class PredictorService:
             return profile, as_json
 
         await self._serve("cpu_profile", request, work)
+
+    async def _answer_measured_profile(self, request: Request) -> None:
+        async def work() -> tuple[msgspec.Struct, bool]:
+            wanted, as_json = decode_or_400(request, MeasuredProfileRequest)
+            return self.measured.answer(wanted), as_json
+
+        await self._serve("measured_profile", request, work)
 
     async def _answer_size_error(self, request: Request) -> None:
         async def work() -> tuple[msgspec.Struct, bool]:
@@ -535,7 +556,8 @@ class PredictorService:
         if event.progress.epoch is not None:
             await self._observe_epochs(event)
         try:
-            learned = self.predictor.observe_progress(event)
+            gpu_type = await self.measured.gpu_type_of(event.node)
+            learned = self.predictor.observe_progress(event, gpu_type)
         except (UnknownModelError, ValueError) as exc:
             # a job running a model without a profile reports every second: stay quiet
             self.metrics.observations.labels("progress", "invalid").inc()

@@ -46,6 +46,7 @@ from gpusched.libs.common.schemas import (
     JobRecord,
     JobState,
     JobStateEvent,
+    MeasuredProfile,
     NodeInfo,
     Placement,
     PredictRequest,
@@ -69,6 +70,7 @@ from gpusched.services.predictor.client import PredictorClient, PredictorClientE
 from gpusched.services.predictor.compute_profiles import with_compute_profile
 from gpusched.services.predictor.cpu_profiles import Sensitivity
 from gpusched.services.scheduler.config import SchedulerConfig
+from gpusched.services.scheduler.gpu_types import GpuMeasured, GpuTypes
 from gpusched.services.scheduler.lease import LeaderLease
 from gpusched.services.scheduler.metrics import SchedulerMetrics
 from gpusched.services.scheduler.policies import honours_priority, make_policy
@@ -218,7 +220,7 @@ class StopFailed:
 
 Message = (
     Durable | Beat | ProgressSeen | Round | Sweep | Rescan | StartResult | StopFailed
-    | Estimated | Measured | RemainingPredicted | ComputeMeasured
+    | Estimated | Measured | RemainingPredicted | ComputeMeasured | GpuMeasured
 )
 
 
@@ -244,6 +246,8 @@ class LiveScheduler(Actor[Message]):
         self.profiles_asked: set[str] = set()
         #: models whose compute profile was asked for (likewise)
         self.compute_asked: set[str] = set()
+        #: measured profiles per GPU type, and the type jobs are timed on (gpu_types.py)
+        self.gpu_types = GpuTypes()
         #: ONES: running jobs' remaining iterations come from the progress predictor
         self.predicts_progress = bool(getattr(self.policy, "predicts_progress", False))
         self.jobs: dict[str, LiveJob] = {}
@@ -416,6 +420,7 @@ class LiveScheduler(Actor[Message]):
             nodes=nodes,
             cpus_per_gpu=spec.cpus_per_gpu,
             mem_gb_per_gpu=spec.mem_gb_per_gpu,
+            gpu_type=self.gpu_types.main,
         )
         try:
             prediction = await self.predictor.throughput(request)
@@ -509,7 +514,7 @@ class LiveScheduler(Actor[Message]):
             case Measured(profile):
                 # a new model object: policies recompute what they derived from the old
                 self.scaled = self.scaled.with_measured(Sensitivity(profile))
-                self.estimates = self.scaled
+                self.estimates = self.gpu_types.over(self.scaled)
                 self.log.info("using a measured CPU profile", model=profile.model)
                 self._request_round()
             case ComputeMeasured(profile):
@@ -517,14 +522,43 @@ class LiveScheduler(Actor[Message]):
                 # platform model; its jobs are estimated again
                 inner = with_compute_profile(self.scaled.inner, profile)
                 self.scaled = ScaledModel(inner, self.scaled.time_scale, self.scaled.measured)
-                self.estimates = self.scaled
+                self.estimates = self.gpu_types.over(self.scaled)
                 for job in self.jobs.values():
                     if job.record.current_spec.model == profile.model:
                         self._reestimate(job)
                 self.log.info("using a compute profile", model=profile.model)
                 self._request_round()
+            case GpuMeasured(profile):
+                self._gpu_measured(profile)
             case StopFailed():
                 self.log.warning("stop not confirmed", job_id=message.job_id, error=message.error)
+
+    def _gpu_measured(self, profile: MeasuredProfile) -> None:
+        """A GPU type's measured profile: where it is the cluster's type, the changed
+        models' jobs are timed from it and asked of the predictor again."""
+        try:
+            changed = self.gpu_types.take(profile)
+        except ValueError as exc:
+            self.log.warning("unreadable measured profile", error=str(exc))
+            return
+        if not changed:
+            return
+        self.estimates = self.gpu_types.over(self.scaled)
+        for job in self.jobs.values():
+            if job.record.current_spec.model in changed:
+                self._reestimate(job)  # and asks the predictor again
+        self.log.info("using measured figures", gpu_type=profile.gpu_type, models=sorted(changed))
+        self._request_round()
+
+    async def _ask_gpu_profile(self, gpu_type: str) -> None:
+        try:
+            profile = await self.predictor.measured_profile(gpu_type)
+        except PredictorClientError as exc:
+            self.gpu_types.asked.discard(gpu_type)  # asked again when the nodes change
+            self.log.debug("no measured profile from the predictor", error=str(exc))
+            return
+        if profile is not None:
+            self.tell(GpuMeasured(profile))
 
     def _request_round(self) -> None:
         if not self.round_queued:
@@ -858,6 +892,11 @@ class LiveScheduler(Actor[Message]):
 
     def _relayout(self) -> None:
         self.layout = Layout.of([n.info for n in self.nodes.values()])
+        if self.gpu_types.follow(n.info for n in self.nodes.values()):
+            self.estimates = self.gpu_types.over(self.scaled)
+        wanted = self.gpu_types.to_ask()
+        if wanted is not None:
+            self.spawn(self._ask_gpu_profile(wanted))
 
     # ---- rounds ---------------------------------------------------------------------
     async def _round(self) -> None:
@@ -1337,6 +1376,11 @@ class SchedulerService:
                 cb=functools.partial(_tell, scheduler, ComputeProfile, ComputeMeasured),
             )
             stack.push_async_callback(_unsubscribe, computed)
+            measured = await self.nc.subscribe(
+                subjects.ALL_GPU_PROFILES,
+                cb=functools.partial(_tell, scheduler, MeasuredProfile, GpuMeasured),
+            )
+            stack.push_async_callback(_unsubscribe, measured)
             consumer = asyncio.create_task(self._consume(scheduler), name="scheduler-consumer")
 
             async def stop_consumer() -> None:

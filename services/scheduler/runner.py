@@ -18,6 +18,7 @@ from pathlib import Path
 from gpusched.libs.core.cluster import Cluster
 from gpusched.libs.core.groundtruth import SPEED_MODELS, NoisyEstimates, load_performance_model
 from gpusched.libs.core.jobs import JobSpec
+from gpusched.libs.core.measured import read_over
 from gpusched.libs.core.perf import PerformanceModel
 from gpusched.libs.core.recurring import recurring_count, recurring_jobs
 from gpusched.libs.core.size_predictor import PREDICTORS
@@ -221,10 +222,12 @@ def build_models(
     prediction_error: float = 0.0,
     seed: int = 0,
     speed_model: str = "grid",
+    profiles: str | Path | None = None,
 ) -> tuple[PerformanceModel, PerformanceModel | None]:
     """Ground truth from ``data_dir`` (built-in profiles when None) with its CPU/memory
-    ``speed_model`` (see `SPEED_MODELS`) and, when ``prediction_error`` > 0, estimates
-    that err by that log-normal sigma."""
+    ``speed_model`` (see `SPEED_MODELS`), timing the models of the measured profile file
+    ``profiles`` from its figures (libs/core/measured.py), and, when
+    ``prediction_error`` > 0, estimates that err by that log-normal sigma."""
     if speed_model not in SPEED_MODELS:
         raise InputError(
             f"--speed-model {speed_model!r}: expected one of {', '.join(SPEED_MODELS)}"
@@ -235,10 +238,16 @@ def build_models(
             f"to {MAX_PREDICTION_ERROR:g} (at {MAX_PREDICTION_ERROR:g}, one standard "
             f"deviation already misjudges a model {math.exp(MAX_PREDICTION_ERROR):,.0f}-fold)"
         )
+    truth: PerformanceModel
     try:
         truth = load_performance_model(data_dir, speed_model)
     except (OSError, ValueError) as exc:  # missing data folder, malformed profile file
         raise InputError(str(exc)) from None
+    if profiles is not None:
+        try:
+            truth = read_over(truth, profiles)
+        except ValueError as exc:  # missing, unreadable, or of no known model
+            raise InputError(f"--profiles: {exc}") from None
     if prediction_error == 0:
         return truth, None  # the simulator then lets the policy see the truth
     return truth, NoisyEstimates(truth, sigma=prediction_error, seed=seed)
