@@ -19,6 +19,7 @@ from gpusched.libs.common import codec, subjects
 from gpusched.libs.common.bus import Stores
 from gpusched.libs.common.embedded import NatsServer, wait_until
 from gpusched.libs.common.measured import from_wire, to_wire
+from gpusched.libs.common.natsauth import nodeagent_user
 from gpusched.libs.common.schemas import (
     CommandReply,
     GpuInfo,
@@ -46,6 +47,7 @@ from gpusched.libs.core.profiles.measured import (
 from gpusched.services.cli.main import app
 from gpusched.services.nodeagent.agent import NodeAgent
 from gpusched.services.nodeagent.cluster import EmulatedCluster
+from gpusched.services.nodeagent.config import NodeAgentConfig
 from gpusched.services.predictor.client import PredictorClient
 from gpusched.services.predictor.config import PredictorConfig
 from gpusched.services.predictor.model import RATIO_BOUNDS, BaselinePredictor
@@ -53,6 +55,7 @@ from gpusched.services.predictor.service import PredictorService
 from gpusched.services.scheduler.live import SchedulerService
 from tests.limits import process_limit_s
 from tests.live import fast_scheduler
+from tests.test_nats_auth import as_user, creds, server  # noqa: F401 - fixtures
 from tests.test_nodeagent_service import agent_config, listen, send, start
 
 TRUTH = ProfilePerformanceModel.builtin()
@@ -405,6 +408,30 @@ async def test_a_node_agent_hands_in_figures_the_first_time_it_runs_a_model_at_a
     batches = [[p.batch_size for p in m.models[name].points]
                for m in from_b.items for name in m.models]  # fmt: skip
     assert batches == [[8, 16], [4, 8]]
+
+
+async def test_with_nats_users_a_node_hands_in_figures_and_the_scheduler_hears_them(
+    as_user, server: NatsServer, creds, tmp_path: Path  # noqa: F811
+):
+    agent = await as_user(nodeagent_user("node-0"))
+    scheduler = await as_user("scheduler")
+    heard = await listen(scheduler.nc, subjects.ALL_GPU_PROFILES, MeasuredProfile)
+    config = NodeAgentConfig(name="node-0", gpus=2, work_dir=tmp_path / "work")
+    predictor_config = PredictorConfig(nats_url=creds.url("predictor", server.url))
+    async with PredictorService(predictor_config) as predictor, NodeAgent(
+        config, nc=agent.nc, stores=await Stores.open(agent.nc)
+    ):
+        # the predictor reads a node's GPU type from its registration
+        assert await predictor.measured.gpu_type_of("node-0") == "v100-32gb"
+        started = await scheduler.nc.request(
+            subjects.node_command("node-0"), codec.encode(start("j1", batch_size=32)),
+            timeout=5, headers=codec.headers(),
+        )  # fmt: skip
+        assert codec.decode(started.data, CommandReply).ok
+        await wait_until(lambda: heard.items, timeout_s=15)
+    assert heard.items[0].gpu_type == "v100-32gb"
+    assert [p.batch_size for p in heard.items[0].models["resnet50"].points] == [16, 32]
+    assert not [e for e in agent.errors if "permissions violation" in e.lower()], agent.errors
 
 
 async def test_the_live_scheduler_times_jobs_on_its_gpu_type_from_the_published_figures(
