@@ -20,6 +20,7 @@ from rich.text import Text
 
 from gpusched.libs.core.cluster import DEFAULT_CPUS_PER_GPU, DEFAULT_HOST_MEM_GB_PER_GPU
 from gpusched.services.cli.live import register as register_live_commands
+from gpusched.services.cli.models import register as register_models_command
 from gpusched.services.cli.profile import register as register_profile_command
 from gpusched.services.cli.serve import register as register_service_commands
 
@@ -670,6 +671,7 @@ def _fail(console: Console, message: str, code: int = USAGE_EXIT) -> NoReturn:
 
 
 register_live_commands(app)
+register_models_command(app)
 register_service_commands(app)
 register_profile_command(app)
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from gpusched.libs.common import settings
 from gpusched.libs.common.settings import DEFAULT_NATS_URL, Setting, load
+from gpusched.services.nodeagent.worker.registry import ARCHITECTURE_CHOICES, ArchitectureChoice
 
 NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
 JOBS_MODES = ("simulated", "process")
@@ -74,6 +75,10 @@ class NodeAgentConfig:
     #: simulated: built-in-model jobs compute nothing and advance at the ground-truth
     #: speed; process: they run the torch worker. A job with a command always runs it.
     jobs_mode: JobsMode = "simulated"
+    #: what the built-in worker trains (GPUSCHED_WORKER_ARCHITECTURE of its runs): "real"
+    #: architectures, their "stand-in"s, or "auto" (real on a GPU); None: the worker's own
+    #: default (auto), or the variable where this agent's environment sets it
+    worker_architecture: ArchitectureChoice | None = None
     #: wall seconds per ground-truth second for simulated jobs (0.001: a 1000x faster run)
     time_scale: float = 1.0
     #: research profiles for the ground truth (None: the built-in profiles)
@@ -130,6 +135,11 @@ class NodeAgentConfig:
         if self.jobs_mode not in JOBS_MODES:
             raise ValueError(
                 f"jobs_mode: must be one of {', '.join(JOBS_MODES)}, got {self.jobs_mode!r}"
+            )
+        if self.worker_architecture not in (None, *ARCHITECTURE_CHOICES):
+            raise ValueError(
+                f"worker_architecture: must be one of {', '.join(ARCHITECTURE_CHOICES)}, "
+                f"got {self.worker_architecture!r}"
             )
         object.__setattr__(self, "work_dir", Path(self.work_dir))
         if self.data_dir is not None:
@@ -193,6 +203,7 @@ ENVIRONMENT: dict[str, Setting[Any]] = {
     "progress_s": Setting("GPUSCHED_NODEAGENT_PROGRESS_S", settings.number()),
     "work_dir": Setting("GPUSCHED_WORK_DIR", settings.path()),
     "jobs_mode": Setting("GPUSCHED_JOBS_MODE", settings.text()),
+    "worker_architecture": Setting("GPUSCHED_NODEAGENT_ARCHITECTURE", settings.text()),
     "time_scale": Setting("GPUSCHED_TIME_SCALE", settings.number()),
     "data_dir": Setting("GPUSCHED_DATA_DIR", settings.path()),
     "kill_grace_s": Setting("GPUSCHED_NODEAGENT_KILL_GRACE_S", settings.number()),

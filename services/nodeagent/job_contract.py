@@ -16,6 +16,7 @@ from gpusched.libs.sdk import context as job_env
 from gpusched.services.nodeagent.config import NodeAgentConfig
 from gpusched.services.nodeagent.gpus import GpuInventory
 from gpusched.services.nodeagent.runs import ProcessPlan, run_environment
+from gpusched.services.nodeagent.worker.registry import ARCHITECTURE_ENV
 
 
 def process_plan(
@@ -74,6 +75,8 @@ def process_plan(
     if not inventory.emulated:
         by_index = {g.index: g.uuid for g in inventory.gpus}
         contract["CUDA_VISIBLE_DEVICES"] = ",".join(by_index[i] for i in start.gpus)
+    if not spec.command and config.worker_architecture is not None:
+        contract[ARCHITECTURE_ENV] = config.worker_architecture
     if not spec.command:
         argv: tuple[str, ...] = (sys.executable, "-m", "gpusched.services.nodeagent.worker")
     elif len(start.gpus) > 1:

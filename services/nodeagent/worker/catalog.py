@@ -1,11 +1,12 @@
 """Which zoo model stands in for a profile name, how big it is, and how much CPU work its
 input pipeline does per sample (no torch import here).
 
-The worker does not train the real ResNet-50 or BERT: it trains a tiny model of the same
-kind so that a job really computes, checkpoints and resumes on any machine, including
-CPU-only ones. Image models train the CNN on image-shaped input, language models the
-transformer encoder on token input, and everything else (speech, recommendation,
-reinforcement learning) the MLP on feature vectors.
+On the CPU (and wherever its architecture choice says ``stand-in``) the worker does not
+train the real ResNet-50 or BERT (:mod:`.architectures`, :mod:`.registry`): it trains a
+tiny model of the same kind so that a job really computes, checkpoints and resumes on any
+machine, including CPU-only ones. Image models train the CNN on image-shaped input,
+language models the transformer encoder on token input, and everything else (speech,
+recommendation, reinforcement learning) the MLP on feature vectors.
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ exits 0 when the job is done or was stopped by SIGTERM after checkpointing; 2 wh
 environment or the flags are invalid (one line on stderr naming the variable or flag); 1
 with a traceback on any other error. Torch is imported only after the signal handlers are
 installed, so a SIGTERM that arrives while torch loads still ends in a checkpoint.
+
+It trains the model's real architecture (``registry``, ``architectures``) or its small
+stand-in from the zoo: ``--architecture`` (else ``GPUSCHED_WORKER_ARCHITECTURE``) ``real``,
+``stand-in`` or ``auto`` (the default: real on a CUDA device, the stand-in on the CPU).
 """
 
 from __future__ import annotations
@@ -32,6 +36,19 @@ from gpusched.services.nodeagent.worker.catalog import (
     cpu_cost_for,
 )
 from gpusched.services.nodeagent.worker.degrees import Degrees, DegreesError, degrees_for
+from gpusched.services.nodeagent.worker.registry import (
+    ARCHITECTURE_CHOICES,
+    ARCHITECTURE_ENV,
+    EXTRA_STAND_INS,
+    MODEL_ARCHITECTURES,
+    ArchitectureChoice,
+    InputSizeError,
+    RealSpec,
+    architecture_choice,
+    known_names,
+    unknown,
+    wants_real,
+)
 
 #: appends the number of every iteration this process executes (for tests and debugging)
 ITERATION_LOG_ENV = "GPUSCHED_WORKER_ITERATION_LOG"
@@ -97,6 +114,8 @@ def _mapping_epilog() -> str:
     for zoo, profiles in by_zoo.items():
         width, depth = DEFAULT_SIZES[zoo]
         lines.append(f"  {', '.join(profiles)} -> {zoo} ({width}/{depth})")
+    lines.append("model -> real architecture (`gpusched models` lists their sizes and inputs):")
+    lines += [f"  {model} -> {network}" for model, network in MODEL_ARCHITECTURES.items()]
     return "\n".join(lines)
 
 
@@ -122,6 +141,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch CPU threads (default: one per core in GPUSCHED_CPUS, else 1)",
     )
     parser.add_argument("--device", choices=("cuda", "cpu"), help="overrides GPUSCHED_DEVICE")
+    parser.add_argument(
+        "--architecture",
+        choices=ARCHITECTURE_CHOICES,
+        help=f"real architecture or small stand-in (default: {ARCHITECTURE_ENV}, else auto: "
+        "real on a CUDA device, the stand-in on the CPU)",
+    )
+    parser.add_argument(
+        "--input-size", type=_positive_int,
+        help="real architectures: image side, sequence length or spectrogram frames "
+        "(default: the architecture's own, see `gpusched models`)",
+    )
     profiling = parser.add_argument_group("profile mode")
     profiling.add_argument(
         "--profile", action="store_true", help="measure, print JSON to stdout, do not train"
@@ -136,12 +166,56 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def model_spec(name: str, source: str, width: int | None, depth: int | None) -> ModelSpec:
+    """The stand-in of a model name (an extra architecture name's zoo model)."""
+    if name.strip().lower() not in known_names():
+        raise UsageError(f"{source}: {unknown(name)}")
+    zoo = EXTRA_STAND_INS.get(name.strip().lower(), name)
     try:
-        return ModelSpec.for_model(name, width=width, depth=depth)
+        return ModelSpec.for_model(zoo, width=width, depth=depth)
     except UnknownModelNameError as error:
         raise UsageError(f"{source}: {error}") from None
     except ValueError as error:
         raise UsageError(f"--width/--depth: {error}") from None
+
+
+def chosen_architecture(args: argparse.Namespace, environ: Mapping[str, str]) -> ArchitectureChoice:
+    """``--architecture``, else the variable, else ``auto``."""
+    text, source = (
+        (args.architecture, "--architecture")
+        if args.architecture
+        else (environ.get(ARCHITECTURE_ENV, "").strip() or "auto", ARCHITECTURE_ENV)
+    )
+    try:
+        return architecture_choice(text, source)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
+def training_spec(
+    name: str, source: str, args: argparse.Namespace, choice: ArchitectureChoice, device: str
+) -> ModelSpec | RealSpec:
+    """What a run on ``device`` trains for ``name``: its real architecture where ``choice``
+    asks for one there (``auto`` with --width/--depth: the stand-in they size), else its
+    stand-in. The zoo's own names always train themselves."""
+    sized = args.width is not None or args.depth is not None
+    zoo_name = name.strip().lower() not in MODEL_ARCHITECTURES
+    if wants_real(choice, device) and not zoo_name and not (sized and choice == "auto"):
+        if sized:
+            raise UsageError("--width/--depth: size a stand-in; --architecture real trains "
+                             "the real architecture (see --input-size)")  # fmt: skip
+        try:
+            return RealSpec.for_model(name, input_size=args.input_size)
+        except UnknownModelNameError as error:
+            raise UsageError(f"{source}: {error}") from None
+        except InputSizeError as error:
+            raise UsageError(f"--input-size: {error}") from None
+    if args.input_size is not None:
+        raise UsageError(
+            f"--input-size: sizes a real architecture, and this run trains "
+            f"{'the zoo model ' + repr(name) if zoo_name else 'the stand-in'} "
+            f"(--architecture {choice} on {device.split(':')[0]})"
+        )
+    return model_spec(name, source, args.width, args.depth)
 
 
 def debug_hooks(environ: Mapping[str, str]) -> tuple[Path | None, int | None]:
@@ -173,7 +247,9 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     name, source = (
         (args.model, "--model") if args.model else (ctx.model or FALLBACK_MODEL, "GPUSCHED_MODEL")
     )
-    spec = model_spec(name, source, args.width, args.depth)
+    choice = chosen_architecture(args, os.environ)
+    # refused before torch loads; the device torch finds decides below
+    spec: ModelSpec | RealSpec = training_spec(name, source, args, choice, ctx.device)
     if degrees is not None:
         # a model split over ranks: the (d, t, p) MLP, whatever the job's model
         spec = model_spec("mlp", source, args.width, args.depth)
@@ -209,6 +285,8 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
         dataset_size=ctx.dataset_size or DEFAULT_DATASET_SIZE,
         cpu_cost=cpu_cost_for(name),
     )
+    if degrees is None:
+        spec = training_spec(name, source, args, choice, ctx.torch_device())
     parallel = (
         DataParallel(
             layout.rank,
@@ -226,6 +304,7 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
             if degrees is not None and parallel is not None:
                 from gpusched.services.nodeagent.worker.dtp import run_dtp_job
 
+                assert isinstance(spec, ModelSpec)  # the (d, t, p) MLP
                 run_dtp_job(ctx, spec, options, parallel, degrees, hooks, args.threads)
             else:
                 run_job(ctx, spec, options, hooks, parallel, args.threads)
@@ -317,7 +396,10 @@ def _profile(args: argparse.Namespace) -> int:
         name, source = env_model, "GPUSCHED_MODEL"
     else:
         raise UsageError("--model: required with --profile unless GPUSCHED_MODEL is set")
-    spec = model_spec(name, source, args.width, args.depth)
+    choice = chosen_architecture(args, os.environ)
+    requested = args.device or os.environ.get("GPUSCHED_DEVICE", "").strip().lower()
+    # refused before torch loads; the device torch finds decides below
+    training_spec(name, source, args, choice, requested or "cpu")
     for batch_size in args.batch_sizes:
         if batch_size % args.accum_steps:
             raise UsageError(
@@ -330,11 +412,11 @@ def _profile(args: argparse.Namespace) -> int:
     from gpusched.services.nodeagent.worker.training import TrainingOptions
 
     torch.set_num_threads(args.threads or 1)
-    requested = args.device or os.environ.get("GPUSCHED_DEVICE", "").strip().lower()
     cuda = torch.cuda.is_available()
     if requested == "cuda" and not cuda:
         raise UsageError("--device/GPUSCHED_DEVICE: cuda requested but not available")
     device = requested if requested in ("cuda", "cpu") else ("cuda" if cuda else "cpu")
+    spec = training_spec(name, source, args, choice, device)
     report = profile(
         spec,
         args.batch_sizes,

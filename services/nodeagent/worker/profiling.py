@@ -1,4 +1,5 @@
-"""``--profile``: mean iteration time and memory of a zoo model over a list of batch sizes.
+"""``--profile``: mean iteration time and memory of a zoo model or a real architecture over a
+list of batch sizes.
 
 Meant for a GPU machine, to measure the project's own profiles; on a CPU it measures the
 CPU. Each batch size gets a fresh model so that memory peaks do not carry over.
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 
 from gpusched.libs.sdk import resident_set_mb
-from gpusched.services.nodeagent.worker.catalog import ModelSpec
+from gpusched.services.nodeagent.worker.architectures import AnySpec, description
 from gpusched.services.nodeagent.worker.training import Trainer, TrainingOptions
 
 
@@ -25,7 +26,7 @@ def _synchronize(device: torch.device) -> None:
 
 
 def profile_batch(
-    spec: ModelSpec,
+    spec: AnySpec,
     batch_size: int,
     *,
     device: str,
@@ -75,7 +76,7 @@ def profile_batch(
 
 
 def profile(
-    spec: ModelSpec,
+    spec: AnySpec,
     batch_sizes: list[int],
     *,
     model_name: str,
@@ -102,9 +103,7 @@ def profile(
     device_name = torch.cuda.get_device_name() if on_cuda else platform.processor()
     return {
         "model": model_name,
-        "zoo": spec.zoo,
-        "width": spec.width,
-        "depth": spec.depth,
+        **description(spec),
         "device": device,
         "device_name": device_name or platform.machine(),
         "torch": torch.__version__,

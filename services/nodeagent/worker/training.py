@@ -34,7 +34,16 @@ import torch
 from torch import Tensor, nn
 
 from gpusched.libs.sdk import JobContext, resident_set_mb
-from gpusched.services.nodeagent.worker.catalog import CpuCost, ModelSpec
+from gpusched.services.nodeagent.worker.architectures import (
+    AnySpec,
+    build_network,
+    correct_of,
+    data_for,
+    description,
+    identity,
+    loss_function,
+)
+from gpusched.services.nodeagent.worker.catalog import CpuCost
 from gpusched.services.nodeagent.worker.pipeline import (
     DEFAULT_DATASET_SIZE,
     DataSet,
@@ -45,7 +54,6 @@ from gpusched.services.nodeagent.worker.pipeline import (
     workers_for,
 )
 from gpusched.services.nodeagent.worker.schedule import LearningRateRule, Ramp, epoch_iterations
-from gpusched.services.nodeagent.worker.zoo import VOCABULARY, SyntheticData, build_model, loss_of
 
 log = structlog.get_logger("gpusched.worker")
 
@@ -212,7 +220,7 @@ def process_group(parallel: DataParallel | None, device: str) -> Iterator[None]:
 
 
 class Trainer:
-    """A zoo model, its optimizer and its data, on one device (one rank of a
+    """A zoo model or a real architecture, its optimizer and its data, on one device (one rank of a
     data-parallel run when ``parallel`` is given; the process group must be up).
 
     With ``resources`` the trainer sets torch's threads (``threads``, default one per
@@ -223,7 +231,7 @@ class Trainer:
 
     def __init__(
         self,
-        spec: ModelSpec,
+        spec: AnySpec,
         *,
         batch_size: int,
         accum_steps: int,
@@ -248,7 +256,7 @@ class Trainer:
         self.threads = threads
         torch.manual_seed(options.seed)
         #: the bare model: its state is what checkpoints hold, whatever the number of ranks
-        self.net = build_model(spec).to(self.device)
+        self.net = build_network(spec).to(self.device)
         self.model: nn.Module = self.net
         self._ddp: nn.parallel.DistributedDataParallel | None = None
         if self.parallel is not None:
@@ -265,7 +273,8 @@ class Trainer:
         self.accuracy: float | None = None
         data_set = DataSet(options.seed, options.dataset_size, options.cpu_cost)
         self.pipeline = InputPipeline(data_set, DecodedCache(cache_budget_bytes(None, 0)))
-        self.data = SyntheticData(spec, options.seed, self.pipeline)
+        self.data = data_for(spec, options.seed, self.pipeline)
+        self._loss = loss_function(spec, self.data)
         self._held_out: tuple[Tensor, Tensor] | None = None
         self.resources: Resources | None = None
         if resources is not None:
@@ -285,7 +294,7 @@ class Trainer:
         self.pipeline.close()
 
     def loss_function(self, outputs: Tensor, targets: Tensor) -> Tensor:
-        return loss_of(self.spec, outputs, targets)
+        return self._loss(outputs, targets)
 
     @property
     def epochs(self) -> float:
@@ -337,20 +346,22 @@ class Trainer:
         return loss
 
     def evaluate(self) -> float:
-        """Accuracy on the held-out set (per token for the transformer)."""
+        """Accuracy on the held-out set (per token for token models), in parts of at most
+        one accumulation step's samples, so that it fits where training does."""
         if self._held_out is None:
             images = held_out_images(self.pipeline.data, HELD_OUT_SAMPLES)
             self._held_out = self.data.labelled(images)
-        inputs, targets = (t.to(self.device) for t in self._held_out)
+        part = max(1, self.batch_size // self.accum_steps)
         was_training = self.net.training
         self.net.eval()
+        right, counted = 0.0, 0
         with torch.no_grad():
-            outputs = self.net(inputs)
+            for inputs, targets in zip(*(t.split(part) for t in self._held_out), strict=True):
+                outputs = self.net(inputs.to(self.device))
+                hits, count = correct_of(self.spec, self.data, outputs, targets.to(self.device))
+                right, counted = right + hits, counted + count
         self.net.train(was_training)
-        if self.spec.zoo == "transformer":
-            outputs = outputs.reshape(-1, VOCABULARY)
-        predicted = outputs.argmax(dim=1)
-        return float((predicted == targets.reshape(-1)).float().mean())
+        return right / max(1, counted)
 
     def metrics(self) -> dict[str, Any]:
         """What a progress line says about training and the input pipeline."""
@@ -382,9 +393,7 @@ class Trainer:
         """What the ``training`` log line says about this trainer."""
         cost = self.options.cpu_cost
         return {
-            "zoo": self.spec.zoo,
-            "width": self.spec.width,
-            "depth": self.spec.depth,
+            **description(self.spec),
             "device": str(self.device),
             "ranks": self.parallel.world_size if self.parallel is not None else 1,
             "data_workers": self.pipeline.workers,
@@ -400,9 +409,7 @@ class Trainer:
         return {
             "format": CHECKPOINT_FORMAT,
             "iteration": iteration,
-            "zoo": self.spec.zoo,
-            "width": self.spec.width,
-            "depth": self.spec.depth,
+            **identity(self.spec),
             "seed": self.options.seed,
             "model": self.net.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -416,11 +423,12 @@ class Trainer:
     def restore(self, state: dict[str, Any]) -> int:
         """Load a checkpoint written by :meth:`state`; returns its iteration. A run with
         another global batch than the checkpoint's starts a ramp to its rate."""
-        saved = (state.get("zoo"), state.get("width"), state.get("depth"), state.get("seed"))
-        ours = (self.spec.zoo, self.spec.width, self.spec.depth, self.options.seed)
+        model = identity(self.spec)
+        saved = (*(state.get(key) for key in model), state.get("seed"))
+        ours = (*model.values(), self.options.seed)
         if state.get("format") != CHECKPOINT_FORMAT or saved != ours:
             raise CheckpointMismatchError(
-                f"checkpoint (format, zoo, width, depth, seed) = "
+                f"checkpoint (format, {', '.join(model)}, seed) = "
                 f"({state.get('format')}, {', '.join(map(str, saved))}) does not match this "
                 f"run ({CHECKPOINT_FORMAT}, {', '.join(map(str, ours))})"
             )
@@ -451,7 +459,7 @@ def resumed_rate(
 
 def run_job(
     ctx: JobContext,
-    spec: ModelSpec,
+    spec: AnySpec,
     options: TrainingOptions,
     hooks: DebugHooks | None = None,
     parallel: DataParallel | None = None,
