@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -114,8 +115,13 @@ def _mapping_epilog() -> str:
     for zoo, profiles in by_zoo.items():
         width, depth = DEFAULT_SIZES[zoo]
         lines.append(f"  {', '.join(profiles)} -> {zoo} ({width}/{depth})")
-    lines.append("model -> real architecture (`gpusched models` lists their sizes and inputs):")
-    lines += [f"  {model} -> {network}" for model, network in MODEL_ARCHITECTURES.items()]
+    renamed = [f"{m} -> {n}" for m, n in MODEL_ARCHITECTURES.items() if m != n]
+    lines += [
+        "model -> real architecture (`gpusched models` lists them): the one of its name, or",
+        *textwrap.wrap(", ".join(renamed), 88, initial_indent="  ", subsequent_indent="  "),
+        "  names beyond the profiles: "
+        + ", ".join(f"{name} (stand-in {zoo})" for name, zoo in EXTRA_STAND_INS.items()),
+    ]
     return "\n".join(lines)
 
 
