@@ -81,6 +81,9 @@ EVENT_STREAM_HEADERS = {
 }
 
 TENANT = web.RequestKey("tenant", str)
+#: the status (nginx's) of a request whose client closed its connection before the
+#: answer; it never reaches the client, which is gone
+CLIENT_CLOSED_REQUEST = 499
 
 _json = msgspec.json.Encoder()
 _STOP_STREAM = ("stop", b"")
@@ -237,7 +240,13 @@ class AdmissionApi:
             log.warning("nats unavailable", path=request.path, error=repr(exc))
             unavailable = _unavailable()
             response = problems.response(unavailable.problem(request.path), unavailable.headers)
-        except Exception:
+        except Exception as exc:
+            if isinstance(exc, ConnectionResetError) and _client_gone(request):
+                # the client closed its connection (e.g. mid-body): nobody to answer, and
+                # no fault of the service; not counted as a request answered
+                log.info("client went away", method=request.method, path=request.path,
+                         error=str(exc))
+                return web.Response(status=CLIENT_CLOSED_REQUEST)
             log.exception("request failed", method=request.method, path=request.path)
             response = problems.response(
                 ProblemError(500, "internal", "the server failed; see its log").problem(
@@ -728,6 +737,11 @@ def _check_deadline(spec: JobSpec, at: float) -> None:
             "epoch)",
             field="deadline",
         )
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def _unavailable() -> ProblemError:

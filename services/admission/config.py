@@ -17,6 +17,9 @@ from gpusched.libs.common.settings import DEFAULT_NATS_URL, Setting, load
 
 DEFAULT_PORT = 8080
 DEFAULT_MAX_BODY_BYTES = 65536
+#: an idle keep-alive connection is closed after this long (nginx's default)
+DEFAULT_KEEPALIVE_S = 75.0
+MAX_KEEPALIVE_S = 86400.0
 #: the tenant of every request when no tokens are configured
 OPEN_TENANT = "default"
 
@@ -37,6 +40,9 @@ class AdmissionConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     #: research data for the performance model (which model names are known)
     data_dir: Path | None = None
+    #: seconds an HTTP connection may stay idle (before its first request, or between
+    #: requests) before the service closes it
+    keepalive_s: float = DEFAULT_KEEPALIVE_S
 
     def __post_init__(self) -> None:
         if not self.nats_url or not self.nats_url.startswith(_NATS_SCHEMES):
@@ -69,6 +75,14 @@ class AdmissionConfig:
             raise ValueError(
                 f"max_body_bytes: must be within 1024..67108864, got {self.max_body_bytes}"
             )
+        keepalive = self.keepalive_s
+        if isinstance(keepalive, bool) or not isinstance(keepalive, int | float) or not (
+            0 < keepalive <= MAX_KEEPALIVE_S
+        ):
+            raise ValueError(
+                f"keepalive_s: must be a number of seconds > 0 and <= {MAX_KEEPALIVE_S:g}, "
+                f"got {keepalive!r}"
+            )
         data_dir = Path(self.data_dir) if self.data_dir is not None else None
         if data_dir is not None and not data_dir.is_dir():
             raise ValueError(f"data_dir: {data_dir} is not a directory")
@@ -87,7 +101,8 @@ class AdmissionConfig:
         """Settings from ``NATS_URL``, ``GPUSCHED_HTTP_HOST``, ``GPUSCHED_HTTP_PORT``,
         ``GPUSCHED_TOKENS`` ("tok=tenant,tok2=tenant2"), ``GPUSCHED_TOKENS_FILE`` (YAML or
         JSON: ``{"tokens": {tok: tenant}, "quotas": {tenant: gpus}}``), ``GPUSCHED_QUOTAS``
-        ("tenant=8,other=16"), ``GPUSCHED_MAX_BODY_BYTES`` and ``GPUSCHED_DATA_DIR``."""
+        ("tenant=8,other=16"), ``GPUSCHED_MAX_BODY_BYTES``, ``GPUSCHED_HTTP_KEEPALIVE_S``
+        and ``GPUSCHED_DATA_DIR``."""
         env = os.environ if environ is None else environ
         tokens: dict[str, str] = {}
         quotas: dict[str, int] = {}
@@ -116,6 +131,9 @@ ENVIRONMENT: dict[str, Setting[Any]] = {
     "host": Setting("GPUSCHED_HTTP_HOST", settings.text()),
     "port": Setting("GPUSCHED_HTTP_PORT", settings.integer()),
     "max_body_bytes": Setting("GPUSCHED_MAX_BODY_BYTES", settings.integer()),
+    "keepalive_s": Setting(
+        "GPUSCHED_HTTP_KEEPALIVE_S", settings.number(0, MAX_KEEPALIVE_S, above=True)
+    ),
     "data_dir": Setting("GPUSCHED_DATA_DIR", settings.path()),
 }
 TOKENS_FILE = Setting("GPUSCHED_TOKENS_FILE", settings.path())

@@ -17,7 +17,7 @@ from gpusched.libs.common.schemas import (
 from gpusched.services.admission import params
 from gpusched.services.admission.ids import JOB_ID
 from gpusched.services.admission.problems import PROBLEM_CONTENT_TYPE, Problem
-from gpusched.services.admission.specs import ACCEPTED_TYPES
+from gpusched.services.admission.specs import ACCEPTED_TYPES, ARGUMENT_PATTERN, TEXT_PATTERN
 from gpusched.services.admission.views import (
     ClusterView,
     Health,
@@ -123,6 +123,15 @@ def build_openapi(models: Iterable[str] = (), version: str = "0.1.0") -> dict[st
     if names:
         components["JobSpec"]["properties"]["model"]["enum"] = names
     spec_fields = components["JobSpec"]["properties"]
+    # the patterns admission checks beyond the type (specs.check_text): records stored
+    # before them must still decode, so they are not on the type itself
+    spec_fields["name"]["pattern"] = TEXT_PATTERN
+    labels = spec_fields["labels"]
+    labels["propertyNames"]["pattern"] = TEXT_PATTERN
+    labels["additionalProperties"]["pattern"] = TEXT_PATTERN
+    for choice in spec_fields["command"]["anyOf"]:
+        if choice.get("type") == "array":
+            choice["items"]["pattern"] = ARGUMENT_PATTERN
     spec_fields["deadline"]["description"] = (
         "Seconds since the epoch by which the job should finish; one already past at "
         "submission is refused (422, field `deadline`)"

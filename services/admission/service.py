@@ -56,7 +56,9 @@ class AdmissionService:
             stores = await Stores.open(self._nc)
             self.app = make_app(self.config, self._nc, stores, models=self._models)
             self._runner = web.AppRunner(
-                self.app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+                self.app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+                # aiohttp's own default keeps an idle connection an hour
+                keepalive_timeout=self.config.keepalive_s,
             )
             await self._runner.setup()
             site = web.TCPSite(self._runner, self.config.host, self.config.port)

@@ -4,6 +4,7 @@ several fields or need the performance model."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Collection
 from decimal import Decimal
 from typing import Any
@@ -18,8 +19,18 @@ from gpusched.services.admission.problems import ProblemError, field_of, message
 JSON_TYPES = frozenset({"application/json"})
 YAML_TYPES = frozenset({"application/yaml", "application/x-yaml", "text/yaml"})
 ACCEPTED_TYPES = tuple(sorted(JSON_TYPES | YAML_TYPES))
-#: a job spec is two levels deep (labels, command); far deeper YAML is refused
-MAX_YAML_DEPTH = 16
+#: a job spec is two levels deep (labels, command); a far deeper body is refused
+MAX_DEPTH = 16
+
+#: what a name, a model, a label's key and value may not hold: control characters
+#: (C0, DEL and C1: terminal escapes, NUL, line breaks), as a JSON Schema pattern that
+#: reads the same to Python's ``re`` (the OpenAPI document publishes it)
+TEXT_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
+#: what an argument of ``command`` may not hold: NUL, which no process can be given (a
+#: tab or a line break in an argument is the job's business)
+ARGUMENT_PATTERN = r"^[^\x00]*$"
+_TEXT = re.compile(TEXT_PATTERN)
+_ARGUMENT = re.compile(ARGUMENT_PATTERN)
 
 _json_decoder = msgspec.json.Decoder(JobSpec)
 
@@ -32,16 +43,25 @@ def decode_spec(body: bytes, content_type: str) -> JobSpec:
     """A JobSpec from a JSON or YAML body; a problem naming the bad field otherwise."""
     if not body.strip():
         raise ProblemError(400, "empty-body", "the request body is empty; send a job spec")
-    if content_type in YAML_TYPES:
-        return _from_yaml(body)
+    spec = _from_yaml(body) if content_type in YAML_TYPES else _from_json(body)
+    check_text(spec)
+    return spec
+
+
+def _from_json(body: bytes) -> JobSpec:
     try:
         return _json_decoder.decode(body)
     except msgspec.ValidationError as exc:
-        # JSON Schema takes 4.0 for an integer; decode again, reading such numbers as ints
+        # JSON Schema takes 4.0 for an integer; decode again, reading such numbers as ints.
+        # Untyped, that decode recurses once per level: a deep body is refused first
+        if json_depth(body) > MAX_DEPTH:
+            raise _too_deep() from None
         try:
             document = msgspec.json.decode(body)
         except msgspec.MsgspecError:
             raise _invalid(exc) from None
+        except RecursionError:
+            raise _too_deep() from None
         return _convert(document)
     except msgspec.DecodeError as exc:
         raise ProblemError(400, "malformed-body", f"the body is not valid JSON: {exc}") from None
@@ -49,6 +69,60 @@ def decode_spec(body: bytes, content_type: str) -> JobSpec:
         raise ProblemError(
             400, "malformed-body", f"the body is not valid UTF-8 (byte {exc.start})"
         ) from None
+
+
+def json_depth(body: bytes) -> int:
+    """How deep the arrays and objects of a JSON text nest (brackets inside strings
+    do not count); the text need not be valid JSON."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):  # ] }
+            depth -= 1
+    return deepest
+
+
+def _too_deep() -> ProblemError:
+    return ProblemError(
+        400, "malformed-body",
+        f"the body is nested deeper than {MAX_DEPTH} levels; a job spec is two levels deep",
+    )
+
+
+def check_text(spec: JobSpec) -> None:
+    """Names, the model and labels hold no control characters (a terminal would run
+    them as escapes where they are shown), and no argument of ``command`` holds NUL (a
+    process cannot be started with it): a 422 naming the field otherwise."""
+    for name in ("name", "model"):
+        value = getattr(spec, name)
+        if not _TEXT.fullmatch(value):
+            raise _control(name, value, "control characters")
+    for key, value in spec.labels.items():
+        for text in (key, value):
+            if not _TEXT.fullmatch(text):
+                raise _control("labels", text, "control characters", f" (label {key!r})")
+    for index, argument in enumerate(spec.command or ()):
+        if not _ARGUMENT.fullmatch(argument):
+            raise _control(f"command[{index}]", argument, "a NUL byte")
+
+
+def _control(field: str, value: str, what: str, where: str = "") -> ProblemError:
+    return ProblemError(
+        422, "invalid-field", f"{field}: must not hold {what}{where}, got {value[:64]!r}",
+        field=field,
+    )
 
 
 def _from_yaml(body: bytes) -> JobSpec:
@@ -102,9 +176,9 @@ class _NoAliasLoader(yaml.SafeLoader):
             raise ComposerError(
                 None, None, "aliases are not allowed in a job spec", event.start_mark
             )
-        if self._depth >= MAX_YAML_DEPTH:
+        if self._depth >= MAX_DEPTH:
             raise ComposerError(
-                None, None, f"nested deeper than {MAX_YAML_DEPTH} levels",
+                None, None, f"nested deeper than {MAX_DEPTH} levels",
                 self.peek_event().start_mark,
             )
         self._depth += 1

@@ -26,8 +26,29 @@ def state_dir() -> Path:
 
 
 def up_file() -> Path:
-    """Written by ``gpusched up``: the API address, a token and the NATS URL."""
+    """Where the CLI looks for a running ``gpusched up``: ``up.json`` in the default
+    state directory. ``up`` writes there the API address, a token, the NATS URL and its
+    state directory; when started with another ``--state-dir`` it writes all that in
+    that directory instead, and here only ``{"state_dir": ...}``, naming it."""
     return state_dir() / "up.json"
+
+
+def read_up_file() -> dict[str, Any]:
+    """What the running ``gpusched up`` wrote for the CLI, following the pointer of an
+    ``up`` with another state directory; empty when there is none."""
+    saved = _read_json(up_file())
+    pointed = saved.get("state_dir")
+    if "url" not in saved and pointed:
+        saved = _read_json(Path(pointed) / "up.json")
+    return saved
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
 
 
 @dataclass(frozen=True)
@@ -38,13 +59,7 @@ class Endpoint:
 
     @classmethod
     def resolve(cls, url: str | None, token: str | None, nats_url: str | None = None) -> Endpoint:
-        saved: dict[str, str] = {}
-        path = up_file()
-        if path.exists():
-            try:
-                saved = json.loads(path.read_text())
-            except (OSError, ValueError):
-                saved = {}
+        saved = read_up_file()
         return cls(
             url=(url or API_URL.read() or saved.get("url")
                  or "http://127.0.0.1:8080").rstrip("/"),

@@ -5,6 +5,7 @@ output is not a terminal (``gpusched jobs | ...``)."""
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Sequence
 from datetime import datetime
@@ -15,6 +16,19 @@ _RUNNING = ("RUNNING",)
 _WAITING = ("QUEUED", "PREEMPTED")
 #: the longest tail of a failed run's stderr the view shows
 ERROR_LINES = 5
+
+
+#: what a terminal would act on instead of showing: C0 and C1 control characters (ESC
+#: starts the escape sequences that recolour, move the cursor or retitle the window), DEL,
+#: and the bidirectional overrides that reorder what follows them
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def shown(text: object) -> str:
+    r"""Text from a record as it may be printed: every character a terminal would act on
+    written as its escape (``\x1b``, ``\n``, ``\u202e``), so a name or an error
+    stored by anyone cannot move the cursor, recolour the screen or fake a line."""
+    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
 
 
 def duration_text(seconds: float) -> str:
@@ -124,7 +138,7 @@ def _history(job: dict[str, Any], now: float) -> list[str]:
             lasted = ""
         else:
             lasted = duration_text(now - at) + " so far"
-        rows.append((local_time(at), state, lasted, str(change.get("reason", ""))))
+        rows.append((local_time(at), shown(state), lasted, shown(change.get("reason", ""))))
     width_state = max(len(r[1]) for r in rows)
     width_lasted = max(len(r[2]) for r in rows)
     lines = [f"history (local time, {_zone(float(history[0].get('at', now)))}):"]
@@ -212,11 +226,12 @@ def job_text(job: dict[str, Any], now: float | None = None) -> str:
         rows.append(("labels", ", ".join(f"{k}={v}" for k, v in sorted(labels.items()))))
     if spec.get("command"):
         rows.append(("command", " ".join(spec["command"])))
+    rows = [(label, shown(value)) for label, value in rows]
     width = max(len(label) for label, _ in rows)
     lines = [f"{label:<{width}}  {value}" for label, value in rows]
     error = str(job.get("error") or "").strip()
     if error:
-        tail = error.splitlines()[-ERROR_LINES:]
+        tail = [shown(line) for line in error.splitlines()[-ERROR_LINES:]]
         lines.append(f"{'error':<{width}}  {tail[0]}")
         lines.extend(f"{'':<{width}}  {line}" for line in tail[1:])
     return "\n".join([*lines, *_history(job, now)])

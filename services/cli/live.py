@@ -12,13 +12,14 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from gpusched.libs.common import codec, subjects
 from gpusched.libs.common.logging import configure_logging
 from gpusched.libs.common.settings import Setting, text
 from gpusched.services.cli.client import ApiError, Endpoint, call
 from gpusched.services.cli.entry import decode_stdin
-from gpusched.services.cli.jobview import job_text, plain_table
+from gpusched.services.cli.jobview import job_text, plain_table, shown
 
 LOG_LEVEL = Setting("GPUSCHED_LOG_LEVEL", text())
 
@@ -36,7 +37,8 @@ def _run(coro: Any) -> Any:
     try:
         return asyncio.run(coro)
     except ApiError as exc:
-        err.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
+        # the API's detail may quote what a user submitted: printed as text, not markup
+        err.print(Text.assemble(("error: ", "bold red"), shown(exc)), soft_wrap=True)
         raise typer.Exit(2 if 400 <= exc.status < 500 else 1) from None
 
 
@@ -116,7 +118,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(record, indent=2), flush=True)
         else:
-            print(_job_id(record), flush=True)  # the id first, then any warning
+            print(shown(_job_id(record)), flush=True)  # the id first, then any warning
         _warn(record)
 
     @app.command()
@@ -168,7 +170,7 @@ def register(app: typer.Typer) -> None:
         """Cancel a job: a queued job ends at once, a running one once stopped."""
         endpoint = Endpoint.resolve(url, token)
         record = _run(call(endpoint, "DELETE", f"/v1/jobs/{job_id}"))
-        print(f"{_job_id(record) or job_id}: cancel requested")
+        print(f"{shown(_job_id(record) or job_id)}: cancel requested")
 
     @app.command()
     def tap(
@@ -221,7 +223,8 @@ def _warn(answer: Any) -> None:
     warnings = answer.get("warnings") if isinstance(answer, dict) else None
     err = Console(stderr=True)
     for warning in warnings or []:
-        err.print(f"[bold yellow]warning:[/] {warning}", soft_wrap=True, highlight=False)
+        err.print(Text.assemble(("warning: ", "bold yellow"), shown(warning)),
+                  soft_wrap=True, highlight=False)
 
 
 def _no_jobs(state: str | None) -> str:
@@ -256,11 +259,12 @@ def _job_row(job: dict[str, Any]) -> tuple[str, ...]:
     met = job.get("deadline_likely_met")
     if met is not None:  # a job with a deadline: (finished, met) -> words
         state += ", " + _DEADLINE_WORDS[(state in _FINISHED, bool(met))]
-    return (
-        str(job.get("id", "")), str(spec.get("name", "")), str(spec.get("model", "")),
-        str(spec.get("gpus", "")), state,
-        f"{done}/{total}" if total else "", placement or str(job.get("pending_reason", "")),
+    cells = (
+        job.get("id", ""), spec.get("name", ""), spec.get("model", ""), spec.get("gpus", ""),
+        state, f"{done}/{total}" if total else "", placement or job.get("pending_reason", ""),
     )
+    # whatever a record holds, nothing in it reaches the terminal as an escape
+    return tuple(shown(cell) for cell in cells)
 
 
 _JOB_COLUMNS = ("id", "name", "model", "gpus", "state", "progress", "placement / reason")
@@ -275,8 +279,13 @@ def _jobs_table(rows: list[tuple[str, ...]]) -> Table:
     for header in _JOB_COLUMNS[1:]:
         table.add_column(header)
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))  # text, never rich markup
     return table
+
+
+#: DEL and the C1 control characters as JSON escapes (valid inside a JSON string, the
+#: only place they can occur in a JSON text)
+_JSON_C1 = {code: f"\\u{code:04x}" for code in range(0x7F, 0xA0)}
 
 
 async def _tap(nats_url: str, subject: str, count: int) -> None:
@@ -288,7 +297,9 @@ async def _tap(nats_url: str, subject: str, count: int) -> None:
 
         async def show(msg: Any) -> None:
             nonlocal seen
-            print(f"{msg.subject} {codec.to_json_text(msg.data)}", flush=True)
+            line = f"{shown(msg.subject)} {codec.to_json_text(msg.data)}"
+            # JSON escapes C0 controls itself; DEL and C1 pass raw, so as \u escapes here
+            print(line.translate(_JSON_C1), flush=True)
             seen += 1
             if count and seen >= count:
                 done.set()

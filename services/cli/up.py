@@ -40,6 +40,9 @@ from gpusched.services.scheduler.live import SchedulerService
 from gpusched.services.scheduler.metrics import MetricsServer, combined
 from gpusched.services.scheduler.policies.sjf_bsbf import resident_cap_problem
 
+#: what ``up`` writes in its state directory for the CLI (client.up_file says where the
+#: CLI looks)
+UP_FILE = "up.json"
 #: emulated cluster of ``gpusched up`` on a machine without NVML GPUs
 DEFAULT_EMULATED_NODES = 2
 DEFAULT_EMULATED_GPUS_PER_NODE = 4
@@ -269,14 +272,20 @@ class LocalCluster:
         self.url = admission.url
         if config.metrics_port is not None:
             await self._serve_metrics(predictor, admission, config.host, config.metrics_port)
-        path = up_file()
+        state_dir = config.state_dir.resolve()
+        path = state_dir / UP_FILE
         # the token and the tap user's password: readable by this user only
         write_private(
             path,
             json.dumps({"url": self.url, "token": self.token, "nats_url": url("tap"),
-                        "state_dir": str(config.state_dir.resolve())}),
+                        "state_dir": str(state_dir)}),
         )
         self._stack.callback(_forget, path, self.url)
+        pointer = up_file()
+        if pointer.resolve() != path:
+            # where the CLI looks: which state directory holds this cluster's up.json
+            write_private(pointer, json.dumps({"state_dir": str(state_dir)}))
+            self._stack.callback(_forget_pointer, pointer, str(state_dir))
 
     async def _start_nats(self, plan: NodePlan) -> None:
         config = self.config
@@ -424,6 +433,14 @@ async def unfinished_jobs(nats_url: str) -> int:
 
 
 def _forget(path: Path, url: str) -> None:
-    with contextlib.suppress(OSError, ValueError):
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         if json.loads(path.read_text()).get("url") == url:
+            path.unlink()
+
+
+def _forget_pointer(path: Path, state_dir: str) -> None:
+    """Remove the pointer to ``state_dir``, unless another ``up`` wrote its own since."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        saved = json.loads(path.read_text())
+        if "url" not in saved and saved.get("state_dir") == state_dir:
             path.unlink()

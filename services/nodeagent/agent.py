@@ -582,7 +582,14 @@ class NodeAgent(Actor[AgentMessage]):
         self._reports.warn_if_memory_overflows(self._runs.values(), start.gpus)
         if kind == "process":
             assert self._inventory is not None
-            plan = process_plan(start, self.config, self._inventory, self._real_cores(run.cores))
+            try:
+                plan = process_plan(
+                    start, self.config, self._inventory, self._real_cores(run.cores)
+                )
+            except Exception as exc:  # no process to start: the run fails, saying why
+                why = f"cannot prepare the job's process: {exc!r}"
+                await self._end(run, RunEnd("failed", start.resume_iteration, None, why))
+                return CommandReply(True, rendezvous=start.rendezvous)
             run.process = ProcessRun(plan, self.tell)
             await run.process.__aenter__()
         if self.config.measure_profiles and self._gpu_profiling is not None:

@@ -254,14 +254,22 @@ class ProcessRun(Actor[RunMessage]):
                 # meant for the agent does not reach the job
                 start_new_session=True,
             )
-        except OSError as exc:
+        except Exception as exc:
+            # whatever keeps the process from starting (a missing program, no permission,
+            # a NUL byte in an argument or the environment, a full disk) ends the run as
+            # failed, saying why: the job never holds its GPUs without a process
+            self.log.warning("process not started", argv0=plan.argv[0][:256], error=repr(exc))
             self._end(RunEnd("failed", plan.start_iteration, None,
-                             f"cannot start {plan.argv[0]!r}: {exc}"))
+                             f"cannot start {plan.argv[0]!r}: {_reason(exc)}"))
             return
         if self._cores:
             # right after the exec, before the job starts threads or children: they
             # inherit it (a reallocation before this point is already in self._cores)
-            pin(self._process.pid, self._cores)
+            try:
+                pin(self._process.pid, self._cores)
+            except OSError as exc:  # the process runs all the same, on any core
+                self.log.warning("could not pin the process", cores=list(self._cores),
+                                 error=repr(exc))
         self._report(ProcessStarted(plan.job_id, plan.run_id, self._process.pid))
         self.spawn(self._watch(self._process))
         self.every(plan.poll_s, _Poll)
@@ -425,6 +433,14 @@ class ProcessRun(Actor[RunMessage]):
         if end.progress is None and self._saw_progress:
             end = replace(end, progress=self._latest)
         self._report(RunEnded(self.plan.job_id, self.plan.run_id, end))
+
+
+def _reason(exc: Exception) -> str:
+    """Why a process did not start, in one line: ``[Errno 2] No such file or directory:
+    'train'`` for an OSError, ``ValueError: embedded null byte`` for anything else."""
+    if isinstance(exc, OSError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
 
 
 #: variables of the agent's environment a job process inherits; nothing else passes

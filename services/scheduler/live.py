@@ -41,6 +41,7 @@ from gpusched.libs.common.schemas import (
     CpuProfile,
     DecisionSummary,
     Heartbeat,
+    IdStr,
     JobExit,
     JobProgressEvent,
     JobRecord,
@@ -1443,12 +1444,33 @@ async def _tell(scheduler: LiveScheduler, kind: type, wrap: type, msg: Msg) -> N
 
 async def _heartbeat_arrived(scheduler: LiveScheduler, msg: Msg) -> None:
     try:
-        beat = codec.decode(msg.data, Heartbeat)
+        beat = _valid_runs(codec.decode(msg.data, Heartbeat))
     except msgspec.DecodeError as exc:
         log.warning("dropping undecodable message", subject=msg.subject, error=str(exc))
         return
     scheduler.liveness.saw(beat, arrived=time.time())
     scheduler.tell(Beat(beat))
+
+
+def _valid_runs(beat: Heartbeat) -> Heartbeat:
+    """The beat without the runs whose job id no job can have (not an ``IdStr``): no
+    command can name them, and one such entry must not cost the node its other runs."""
+    running = [r for r in beat.running if _is_id(r.job_id)]
+    exiting = [r for r in beat.exiting if _is_id(r.job_id)]
+    skipped = len(beat.running) - len(running) + len(beat.exiting) - len(exiting)
+    if not skipped:
+        return beat
+    log.warning("heartbeat runs with invalid job ids skipped", node=beat.node[:64],
+                skipped=skipped)
+    return replace(beat, running=running, exiting=exiting)
+
+
+def _is_id(text: str) -> bool:
+    try:
+        msgspec.convert(text, IdStr)
+    except msgspec.ValidationError:
+        return False
+    return True
 
 
 async def _unsubscribe(sub: Any) -> None:
