@@ -20,7 +20,8 @@ RUN pip install --no-cache-dir ".[all]"
 # Services, and the jobs a node agent starts, run as an unprivileged user; /work (the
 # node agents' checkpoints and job logs) belongs to it, so a volume mounted there does too.
 # compose runs no service as another user (tests/test_compose_monitoring.py checks).
-RUN useradd --create-home --uid 10001 gpusched && mkdir /work && chown gpusched /work
+RUN useradd --create-home --uid 10001 gpusched && mkdir /work && chown gpusched /work \
+    && useradd --system --no-create-home --shell /usr/sbin/nologin --user-group gpusched-job
 USER gpusched
 ENV GPUSCHED_LOG_LEVEL=info \
     PYTHONUNBUFFERED=1

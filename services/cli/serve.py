@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from enum import StrEnum
 from pathlib import Path
@@ -63,6 +64,12 @@ def register(app: typer.Typer) -> None:
             bool, typer.Option(help="Forget the jobs, store and checkpoints an earlier "
                                "`up` left in the state directory, and start clean.")
         ] = False,
+        job_user: Annotated[
+            str, typer.Option(help="Who job processes run as: auto (the system user "
+                              "gpusched-job, created where missing; needs root), a user "
+                              "name or uid, or self (this user: jobs can read its "
+                              "secrets). docs/security.md.")
+        ] = "auto",
         policy: Annotated[str, typer.Option(help="One of `gpusched policies`.")] = (
             "sjf-bsbf"
         ),
@@ -124,6 +131,7 @@ def register(app: typer.Typer) -> None:
                 data_dir=data_dir, token=token, max_resident_slowdown=max_resident_slowdown,
                 nats_cluster=nats_cluster, metrics_port=metrics_port if metrics else None,
                 join=tuple(join or ()), nats_host=nats_host, nats_port=nats_port, fresh=fresh,
+                job_user=job_user,
             )
         except ValueError as exc:
             err.print(f"[bold red]error:[/] {exc}")
@@ -263,6 +271,15 @@ def print_banner(out: Console, cluster: LocalCluster, policy: str) -> None:
     for label, value in lines:
         if value:
             out.print(f"  {label:<9} {value}", highlight=False)
+    from gpusched.services.nodeagent.jobuser import DEFAULT_JOB_USER, start_warning
+
+    warning = start_warning(cluster.config.job_user)
+    if warning:
+        out.print(f"  {'jobs':<9} [bold red]WARNING:[/] {warning}", highlight=False)
+    else:
+        who = DEFAULT_JOB_USER if cluster.config.job_user == "auto" else cluster.config.job_user
+        out.print(f"  {'jobs':<9} run as user {who}, each in its own directory under "
+                  f"{cluster.work_dir}", highlight=False)
     if cluster.resumed_jobs:
         out.print(
             f"  {'resumed':<9} {cluster.resumed_jobs} unfinished job"
@@ -295,7 +312,9 @@ def _nodeagent(
         raise typer.Exit(2)
     try:
         config = NodeAgentConfig.from_env(
-            name=name, gpus=gpus, gpu_model=gpu_model, jobs_mode=jobs.value if jobs else None
+            name=name, gpus=gpus, gpu_model=gpu_model, jobs_mode=jobs.value if jobs else None,
+            # a node agent of its own runs jobs as a user of their own unless told otherwise
+            job_user=None if os.environ.get("GPUSCHED_JOB_USER") else "auto",
         )
         check_credential_names_node(config.nats_url, config.name, nodes)
     except ValueError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import json
 import secrets
 import shutil
@@ -31,6 +32,11 @@ from gpusched.services.nodeagent.agent import NodeAgent
 from gpusched.services.nodeagent.cluster import EmulatedCluster
 from gpusched.services.nodeagent.config import NAME_PATTERN, NodeAgentConfig, default_node_name
 from gpusched.services.nodeagent.gpus import NvmlGpu, nvml_absence, read_nvml
+from gpusched.services.nodeagent.jobuser import (
+    job_user_problem,
+    reachable_by_others,
+    start_warning,
+)
 from gpusched.services.nodeagent.metrics import NodeCollector
 from gpusched.services.nodeagent.metrics import metrics as nodeagent_metrics
 from gpusched.services.predictor.config import PredictorConfig
@@ -43,6 +49,8 @@ from gpusched.services.scheduler.policies.sjf_bsbf import resident_cap_problem
 #: what ``up`` writes in its state directory for the CLI (client.up_file says where the
 #: CLI looks)
 UP_FILE = "up.json"
+#: where job directories go when jobs run as a user who cannot reach the state directory
+SHARED_WORK_ROOT = Path("/var/lib/gpusched")
 #: emulated cluster of ``gpusched up`` on a machine without NVML GPUs
 DEFAULT_EMULATED_NODES = 2
 DEFAULT_EMULATED_GPUS_PER_NODE = 4
@@ -79,6 +87,9 @@ class UpConfig:
     state_dir: Path = field(default_factory=lambda: up_file().parent)
     #: forget the jobs and the store of an earlier run in ``state_dir`` first
     fresh: bool = False
+    #: who job processes run as (services/nodeagent/jobuser.py): "auto" is what the
+    #: command line gives; "self" (the default here) runs them as this process's user
+    job_user: str = "self"
     #: None: real torch processes on real GPUs, simulated jobs on emulated ones
     jobs_mode: Literal["simulated", "process"] | None = None
     #: wall seconds per ground-truth second for simulated jobs
@@ -112,6 +123,9 @@ class UpConfig:
             raise ValueError(f"metrics_port: must be in [0, 65535], got {self.metrics_port}")
         if not 0 <= self.nats_port <= 65535:
             raise ValueError(f"nats_port: must be in [0, 65535], got {self.nats_port}")
+        problem = job_user_problem(self.job_user)
+        if problem:
+            raise ValueError(problem)
         for name in self.join:
             problem = node_name_problem(name)
             if problem:
@@ -239,7 +253,7 @@ class LocalCluster:
     async def _start(self) -> None:
         config = self.config
         if config.fresh:
-            forget_state(config.state_dir)
+            forget_state(config.state_dir, self.work_dir)
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.plan = plan = await asyncio.to_thread(detect_nodes, config)
         if not self.nats_url:
@@ -332,10 +346,12 @@ class LocalCluster:
 
     async def _start_nodes(self, plan: NodePlan) -> None:
         config = self.config
+        if self.switches_users:
+            make_passable(self.work_dir, config.state_dir)
         common: dict[str, Any] = dict(
-            work_dir=config.state_dir / "work", jobs_mode=plan.jobs_mode,
+            work_dir=self.work_dir, jobs_mode=plan.jobs_mode,
             time_scale=config.time_scale, data_dir=config.data_dir,
-            heartbeat_s=config.heartbeat_s,
+            heartbeat_s=config.heartbeat_s, job_user=config.job_user,
         )
         if plan.real_gpus:
             node = plan.real_node
@@ -358,6 +374,22 @@ class LocalCluster:
             for c in agents.configs
         ]
         self.agents = await self._stack.enter_async_context(agents)
+
+    @property
+    def switches_users(self) -> bool:
+        """Whether job processes run as a user of their own (jobuser.py)."""
+        return not start_warning(self.config.job_user)
+
+    @property
+    def work_dir(self) -> Path:
+        """Where jobs get their directories: in the state directory, unless jobs run as
+        a user of their own who cannot reach it (a state directory under root's home),
+        then under /var/lib/gpusched, one folder per state directory."""
+        inside = self.config.state_dir / "work"
+        if not self.switches_users or reachable_by_others(self.config.state_dir):
+            return inside
+        tag = hashlib.sha256(str(self.config.state_dir.resolve()).encode()).hexdigest()[:12]
+        return SHARED_WORK_ROOT / tag / "work"
 
     @property
     def node_agents(self) -> list[NodeAgent]:
@@ -412,11 +444,25 @@ def node_names(nodes: int) -> list[str]:
     return [f"node-{i}" for i in range(nodes)]
 
 
-def forget_state(state_dir: Path) -> None:
+def make_passable(work_dir: Path, state_dir: Path) -> None:
+    """Let job users pass through to their directories under ``work_dir`` (others may
+    enter, not list): ``work_dir`` and the folders between it and the state directory
+    or the shared root."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    for folder in [work_dir, *work_dir.parents]:
+        folder.chmod(folder.stat().st_mode | 0o111)
+        if folder in (state_dir, SHARED_WORK_ROOT) or folder == folder.parent:
+            break
+
+
+def forget_state(state_dir: Path, work_dir: Path | None = None) -> None:
     """Remove what an earlier ``up`` left in ``state_dir``: its JetStream store (every
-    job and record), checkpoints and job logs. Nothing else there is touched."""
+    job and record), checkpoints and job logs (in ``work_dir`` when elsewhere). Nothing
+    else there is touched."""
     for part in ("nats", "work"):
         shutil.rmtree(state_dir / part, ignore_errors=True)
+    if work_dir is not None:
+        shutil.rmtree(work_dir, ignore_errors=True)
 
 
 async def unfinished_jobs(nats_url: str) -> int:

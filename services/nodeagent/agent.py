@@ -63,6 +63,7 @@ from gpusched.services.nodeagent.exits import PUBLISH_TIMEOUT_S, ExitOutbox, job
 from gpusched.services.nodeagent.gpu_profiling import GpuProfiling
 from gpusched.services.nodeagent.gpus import GpuInventory, Nvml, discover
 from gpusched.services.nodeagent.job_contract import process_plan
+from gpusched.services.nodeagent.jobuser import JobUser, resolve_job_user, start_warning
 from gpusched.services.nodeagent.metrics import JobReading, NodeView, metrics
 from gpusched.services.nodeagent.reporting import Reporter
 from gpusched.services.nodeagent.residents import Run, RunKind, co_runners, cores_taken
@@ -191,6 +192,9 @@ class NodeAgent(Actor[AgentMessage]):
         self._machine_cores = machine_cores()
         #: one CPU profile at a time: two would measure each other
         self._profiling = asyncio.Lock()
+        #: who job processes run as (None: the agent's own user; jobuser.py)
+        self._job_user: JobUser | None = None
+        self._job_user_known = False
         #: the measured profile of the node's GPU type (services/nodeagent/gpu_profiling.py)
         self._gpu_profiling: GpuProfiling | None = None
 
@@ -239,6 +243,9 @@ class NodeAgent(Actor[AgentMessage]):
             )
         if self._stores is None:
             self._stores = await Stores.open(self._nc)
+        warning = start_warning(config.job_user)
+        if warning:
+            self.log.warning("jobs run as the agent's user", detail=warning)
         if self._truth is None:
             self._truth = await asyncio.to_thread(load_performance_model, config.data_dir)
         self._known_models = frozenset(self._truth.models())
@@ -583,8 +590,15 @@ class NodeAgent(Actor[AgentMessage]):
         if kind == "process":
             assert self._inventory is not None
             try:
+                if not self._job_user_known:
+                    # resolved (and a system user created) when a process first runs
+                    self._job_user, _ = await asyncio.to_thread(
+                        resolve_job_user, self.config.job_user
+                    )
+                    self._job_user_known = True
                 plan = process_plan(
-                    start, self.config, self._inventory, self._real_cores(run.cores)
+                    start, self.config, self._inventory, self._real_cores(run.cores),
+                    self._job_user,
                 )
             except Exception as exc:  # no process to start: the run fails, saying why
                 why = f"cannot prepare the job's process: {exc!r}"

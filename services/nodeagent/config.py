@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from gpusched.libs.common import settings
 from gpusched.libs.common.settings import DEFAULT_NATS_URL, Setting, load
+from gpusched.services.nodeagent.jobuser import job_user_problem
 from gpusched.services.nodeagent.worker.registry import ARCHITECTURE_CHOICES, ArchitectureChoice
 
 NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
@@ -99,6 +100,10 @@ class NodeAgentConfig:
     #: measure a model on the node's GPU type the first time a run of it starts here,
     #: where the predictor holds no figures of it (services/nodeagent/gpu_profiling.py)
     measure_profiles: bool = True
+    #: who job processes run as: a user name, a uid, "auto" (the system user
+    #: gpusched-job, created where missing) or "self" (the agent's own user, with a
+    #: warning); switching needs root (services/nodeagent/jobuser.py)
+    job_user: str = "self"
 
     def __post_init__(self) -> None:
         if not isinstance(self.nats_url, str) or not self.nats_url.startswith(NATS_SCHEMES):
@@ -136,6 +141,9 @@ class NodeAgentConfig:
             raise ValueError(
                 f"jobs_mode: must be one of {', '.join(JOBS_MODES)}, got {self.jobs_mode!r}"
             )
+        problem = job_user_problem(self.job_user)
+        if problem:
+            raise ValueError(problem)
         if self.worker_architecture not in (None, *ARCHITECTURE_CHOICES):
             raise ValueError(
                 f"worker_architecture: must be one of {', '.join(ARCHITECTURE_CHOICES)}, "
@@ -212,4 +220,5 @@ ENVIRONMENT: dict[str, Setting[Any]] = {
     "advertise_host": Setting("GPUSCHED_NODEAGENT_HOST", settings.text()),
     "cpu_profile_rounds": Setting("GPUSCHED_NODEAGENT_CPU_PROFILE_ROUNDS", settings.integer()),
     "measure_profiles": Setting("GPUSCHED_NODEAGENT_MEASURE_PROFILES", settings.boolean()),
+    "job_user": Setting("GPUSCHED_JOB_USER", settings.text()),
 }

@@ -15,6 +15,7 @@ from gpusched.libs.common.schemas import JobSpec, StartJob
 from gpusched.libs.sdk import context as job_env
 from gpusched.services.nodeagent.config import NodeAgentConfig
 from gpusched.services.nodeagent.gpus import GpuInventory
+from gpusched.services.nodeagent.jobuser import JobUser
 from gpusched.services.nodeagent.runs import ProcessPlan, run_environment
 from gpusched.services.nodeagent.worker.registry import ARCHITECTURE_ENV
 
@@ -24,8 +25,10 @@ def process_plan(
     config: NodeAgentConfig,
     inventory: GpuInventory,
     cores: tuple[int, ...] = (),
+    user: JobUser | None = None,
 ) -> ProcessPlan:
-    """``cores``: the machine's cores the process is pinned to (empty: not pinned)."""
+    """``cores``: the machine's cores the process is pinned to (empty: not pinned);
+    ``user``: who it runs as (None: the agent's own user)."""
     spec = start.spec
     job_dir = config.work_dir / start.job_id
     checkpoint_dir = job_dir / "ckpt"
@@ -72,6 +75,9 @@ def process_plan(
             contract[job_env.CPUS] = ",".join(str(core) for core in cores)
         if start.mem_gb is not None:
             contract[job_env.MEM_GB] = start.mem_gb
+    if user is not None:
+        # caches and dot-files land in the job's own directory, not the agent's home
+        contract["HOME"] = job_dir
     if not inventory.emulated:
         by_index = {g.index: g.uuid for g in inventory.gpus}
         contract["CUDA_VISIBLE_DEVICES"] = ",".join(by_index[i] for i in start.gpus)
@@ -101,6 +107,8 @@ def process_plan(
         cores=cores,
         mem_gb=start.mem_gb,
         allocation_file=allocation_file,
+        user=user,
+        job_dir=job_dir,
     )
 
 

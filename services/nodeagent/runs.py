@@ -24,6 +24,7 @@ import msgspec
 from gpusched.libs.common.actor import Actor
 from gpusched.libs.common.schemas import Progress, StopReason
 from gpusched.services.nodeagent.cores import pin, pin_group
+from gpusched.services.nodeagent.jobuser import JobUser, give_directory
 
 Outcome = Literal["succeeded", "failed", "stopped"]
 
@@ -151,6 +152,10 @@ class ProcessPlan:
     cores: tuple[int, ...] = ()
     mem_gb: float | None = None
     allocation_file: Path | None = None
+    #: the user the process runs as (None: the agent's own) and its working directory,
+    #: its own (services/nodeagent/jobuser.py)
+    user: JobUser | None = None
+    job_dir: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +245,11 @@ class ProcessRun(Actor[RunMessage]):
     async def on_start(self) -> None:
         plan = self.plan
         try:
+            if plan.user is not None and plan.job_dir is not None:
+                give_directory(plan.job_dir, plan.user)
             plan.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            if plan.user is not None:
+                os.chown(plan.checkpoint_dir, plan.user.uid, plan.user.gid)
             plan.progress_file.unlink(missing_ok=True)
             self._log_handle = plan.log_file.open("ab")
             self._write_allocation()
@@ -250,9 +259,11 @@ class ProcessRun(Actor[RunMessage]):
                 stdout=self._log_handle,
                 stderr=asyncio.subprocess.PIPE,
                 env=plan.env,
+                cwd=plan.job_dir,
                 # its own process group: signals reach its children too, and a Ctrl-C
                 # meant for the agent does not reach the job
                 start_new_session=True,
+                **as_user(plan.user),
             )
         except Exception as exc:
             # whatever keeps the process from starting (a missing program, no permission,
@@ -462,6 +473,14 @@ def inherited(name: str, extra: frozenset[str] = frozenset()) -> bool:
     if name.startswith(WITHHELD_PREFIXES):
         return False
     return name in INHERITED_VARIABLES or name in extra or name.startswith(INHERITED_PREFIXES)
+
+
+def as_user(user: JobUser | None) -> dict[str, Any]:
+    """The process options that run a child as ``user`` (nothing for the agent's own),
+    with no supplementary group of the agent's."""
+    if user is None:
+        return {}
+    return {"user": user.uid, "group": user.gid, "extra_groups": []}
 
 
 def run_environment(
