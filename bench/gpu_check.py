@@ -316,7 +316,8 @@ def step_live(cuda: bool, budget: Budget, quick: bool) -> dict[str, Any]:
     argv = [sys.executable, "-m", "gpusched.services.cli.main", "up", "--port", "0",
             "--no-metrics", "--policy", "sjf-ffs", "--state-dir", str(state), "--fresh"]
     if not cuda:
-        argv += ["--emulate-gpus", "1", "--nodes", "1", "--jobs", "process"]
+        # the suite's run: no system user made on the machine for it
+        argv += ["--emulate-gpus", "1", "--nodes", "1", "--jobs", "process", "--job-user", "self"]
     up = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                           text=True, start_new_session=True)
     result: dict[str, Any] = {"command": " ".join(argv[3:])}
@@ -399,7 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     plan = GPU_PROFILE if cuda else CPU_PROFILE
     if args.quick:
         plan = {m: b[:1] for m, b in plan.items()}
-    report["profile"] = step_profile(device, plan, architecture, budget, args.quick)
+    # the profiles may take under half the budget: the sharing and live steps need theirs
+    profile_budget = Budget(min(budget.deadline, time.monotonic() + 0.45 * args.budget_s))
+    report["profile"] = step_profile(device, plan, architecture, profile_budget, args.quick)
     for model, entry in report["profile"]["models"].items():
         for point in entry.get("results", ()):
             print(f"profile {model} batch {point['batch_size']}: "
