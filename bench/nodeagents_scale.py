@@ -32,7 +32,7 @@ from nats.aio.msg import Msg
 from speed import print_machine_speed  # bench/ is the script's own directory
 
 from gpusched.libs.common import codec, subjects
-from gpusched.libs.common.bus import connection
+from gpusched.libs.common.bus import Stores, connection
 from gpusched.libs.common.embedded import NatsServer
 from gpusched.libs.common.logging import configure_logging
 from gpusched.libs.common.schemas import CommandReply, Heartbeat, JobSpec, StartJob
@@ -147,9 +147,12 @@ async def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
             args=(url, args.nodes, args.gpus, not args.connection_per_agent, work_dir,
                   ready, stop, lag),
         )
-        began = time.monotonic()
-        agents.start()
         async with connection(url, "bench-observer") as nc:
+            # the streams the agents store registrations and exits in (the services
+            # create them; node agents may not)
+            await Stores.open(nc)
+            began = time.monotonic()
+            agents.start()
             await nc.subscribe(subjects.EVERYTHING, cb=tally.receive)
             loop = asyncio.get_running_loop()
             if not await loop.run_in_executor(None, ready.wait, 300):

@@ -663,7 +663,7 @@ async def test_the_event_stream_forwards_states_and_progress_and_ends_on_a_termi
     await nc.publish(subjects.job_state(job_id), codec.encode(running), headers=codec.headers())
     progress = JobProgressEvent(job_id=job_id, run_id=1, node="node-a", model="resnet50",
                                 batch_size=64, gpus=1, progress=Progress(iteration=5))
-    await nc.publish(subjects.job_progress(job_id), codec.encode(progress))
+    await nc.publish(subjects.job_progress("node-a", job_id), codec.encode(progress))
     await wait_until(lambda: len(received) == 3)
     done = JobStateEvent(job_id=job_id, state=JobState.SUCCEEDED, at=now())
     await nc.publish(subjects.job_state(job_id), codec.encode(done))

@@ -210,7 +210,7 @@ async def succeeded_exits(stores: Stores) -> dict[str, list[JobExit]]:
     """Per job, the runs its agents reported succeeded (one message per run: the stream
     drops an exit's retries by id)."""
     pull = await stores.js.pull_subscribe(
-        "gpusched.job.*.exit", stream=subjects.JOBS_STREAM,
+        subjects.ALL_JOB_EXITS, stream=subjects.EXITS_STREAM,
         config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE),
     )
     counts: dict[str, list[JobExit]] = {}

@@ -325,7 +325,7 @@ async def test_the_predictor_keeps_figures_per_gpu_type_serves_them_and_learns_o
         real_s = research_s / 100 * 1.02
         for i in range(1, 12):
             await nc.publish(
-                subjects.job_progress("job-1"), codec.encode(event("h-1", i, real_s)),
+                subjects.job_progress("h-1", "job-1"), codec.encode(event("h-1", i, real_s)),
                 headers=codec.headers(),
             )  # fmt: skip
 
@@ -418,9 +418,7 @@ async def test_with_nats_users_a_node_hands_in_figures_and_the_scheduler_hears_t
     heard = await listen(scheduler.nc, subjects.ALL_GPU_PROFILES, MeasuredProfile)
     config = NodeAgentConfig(name="node-0", gpus=2, work_dir=tmp_path / "work")
     predictor_config = PredictorConfig(nats_url=creds.url("predictor", server.url))
-    async with PredictorService(predictor_config) as predictor, NodeAgent(
-        config, nc=agent.nc, stores=await Stores.open(agent.nc)
-    ):
+    async with PredictorService(predictor_config) as predictor, NodeAgent(config, nc=agent.nc):
         # the predictor reads a node's GPU type from its registration
         assert await predictor.measured.gpu_type_of("node-0") == "v100-32gb"
         started = await scheduler.nc.request(

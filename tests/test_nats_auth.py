@@ -6,7 +6,6 @@ message on the same subject, never saw the denied one."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import stat
@@ -140,25 +139,29 @@ async def test_admission_cannot_start_a_job_on_a_node(as_user):
     await assert_dropped(admission, subjects.node_command("node-0"), agent, scheduler)
 
 
-async def test_a_node_agent_opens_the_stores_but_cannot_read_job_records(as_user):
+async def test_a_node_agent_cannot_read_job_records_nor_open_the_stores(as_user):
     admission = await as_user("admission")
     admin_stores = await Stores.open(admission.nc)
     await admin_stores.jobs.create("j1", b"secret record")
     agent = await as_user(nodeagent_user("node-0"))
-    stores = await Stores.open(agent.nc)  # what the agent does at start: allowed
+    js = agent.nc.jetstream(timeout=DENIED_REQUEST_S)
     denied_get = f"$JS.API.STREAM.MSG.GET.KV_{subjects.JOBS_BUCKET}"
     with pytest.raises(nats.errors.TimeoutError):
-        await asyncio.wait_for(stores.jobs.get("j1"), DENIED_REQUEST_S * 10)
+        await js.get_last_msg(f"KV_{subjects.JOBS_BUCKET}", f"$KV.{subjects.JOBS_BUCKET}.j1")
     await agent.violation(denied_get)
     with pytest.raises(Exception):  # noqa: B017 - a watcher needs a consumer: denied too
-        await stores.js.pull_subscribe(f"$KV.{subjects.JOBS_BUCKET}.>",
-                                       stream=f"KV_{subjects.JOBS_BUCKET}")
+        await js.pull_subscribe(f"$KV.{subjects.JOBS_BUCKET}.>",
+                                stream=f"KV_{subjects.JOBS_BUCKET}")
     await agent.violation(f"$JS.API.CONSUMER.CREATE.KV_{subjects.JOBS_BUCKET}")
-    # its own registration is allowed, another node's is not
-    await stores.js.publish(f"$KV.{subjects.NODES_BUCKET}.node-0", b"{}")
+    # what the services do at start, the agent may not: no stream is looked up or made
     with pytest.raises(nats.errors.TimeoutError):
-        await stores.js.publish(f"$KV.{subjects.NODES_BUCKET}.node-1", b"{}",
-                                timeout=DENIED_REQUEST_S)
+        await Stores.open(agent.nc)
+    await agent.violation(f"$JS.API.STREAM.CREATE.{subjects.JOBS_STREAM}")
+    # its own registration is allowed, another node's is not
+    await js.publish(f"$KV.{subjects.NODES_BUCKET}.node-0", b"{}")
+    with pytest.raises(nats.errors.TimeoutError):
+        await js.publish(f"$KV.{subjects.NODES_BUCKET}.node-1", b"{}",
+                         timeout=DENIED_REQUEST_S)
     await agent.violation(f"$KV.{subjects.NODES_BUCKET}.node-1")
 
 
@@ -167,7 +170,8 @@ async def test_a_node_agent_serves_its_commands_as_a_micro_service_within_its_pe
 ):
     agent = await as_user(nodeagent_user("node-0"))
     config = NodeAgentConfig(name="node-0", gpus=2, work_dir=tmp_path / "work")
-    async with NodeAgent(config, nc=agent.nc, stores=await Stores.open(agent.nc)):
+    await Stores.open((await as_user("scheduler")).nc)  # the services make the streams
+    async with NodeAgent(config, nc=agent.nc):
         scheduler = await as_user("scheduler")
         reply = await scheduler.nc.request(subjects.node_command("node-0"),
                                            codec.encode(StopJob(job_id="j1", run_id=1)),

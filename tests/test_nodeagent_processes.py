@@ -222,7 +222,7 @@ async def test_a_command_that_cannot_start_fails_saying_why(
 async def test_a_preempted_command_checkpoints_and_exits_stopped_where_it_saved(
     agent: NodeAgent, scripts: Path, config: NodeAgentConfig, nc: Client, stores: Stores
 ):
-    progress = await listen(nc, subjects.job_progress("loop"), JobProgressEvent)
+    progress = await listen(nc, subjects.job_progress(NODE, "loop"), JobProgressEvent)
     start = command_start("loop", scripts / "iterates_until_terminated.py", total=10**6)
     assert (await send(nc, start)).ok
     await wait_until(lambda: any(e.progress.iteration >= 3 for e in progress.items))
@@ -254,7 +254,7 @@ async def test_the_real_worker_is_preempted_and_resumes_from_its_checkpoint(
     config: NodeAgentConfig, nc: Client, stores: Stores, monkeypatch: pytest.MonkeyPatch
 ):
     pytest.importorskip("gpusched.services.nodeagent.worker.cli")
-    progress = await listen(nc, subjects.job_progress("real"), JobProgressEvent)
+    progress = await listen(nc, subjects.job_progress(NODE, "real"), JobProgressEvent)
     spec = JobSpec(name="real", model="resnet18", batch_size=8, iterations=6, checkpoint_every=2)
 
     def run(run_id: int, resume: int) -> StartJob:
@@ -313,7 +313,7 @@ async def test_the_agent_process_preempts_its_jobs_and_deregisters_on_sigterm(
             agent.kill()
             await agent.wait()
     assert agent.returncode == 0, stderr.decode()[-2000:]
-    exit = await stored_exit(stores, "resident", timeout_s=1)
+    exit = await stored_exit(stores, "resident", timeout_s=1, node="standalone")
     assert (exit.outcome, exit.node) == ("stopped", "standalone")
     with pytest.raises(KeyNotFoundError):
         await stores.nodes.get("standalone")

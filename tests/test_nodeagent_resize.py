@@ -73,7 +73,7 @@ def resize(job_id: str, gpus: tuple[int, ...], batch_size: int, **changes: int) 
 async def test_a_resized_simulated_job_continues_with_the_new_shape_and_exits_once(
     config: NodeAgentConfig, nc: Client, stores: Stores
 ):
-    progress = await listen(nc, subjects.job_progress("grow"), JobProgressEvent)
+    progress = await listen(nc, subjects.job_progress(NODE, "grow"), JobProgressEvent)
     async with NodeAgent(dataclasses.replace(config, time_scale=0.002)) as agent:
         assert (await send(nc, start("grow", total_iterations=3000))).ok
         await wait_until(lambda: any(e.progress.iteration >= 20 for e in progress.items))
@@ -121,7 +121,7 @@ async def test_the_real_worker_resumes_from_its_checkpoint_with_the_new_batch(
     stores: Stores,
     monkeypatch: pytest.MonkeyPatch,
 ):
-    progress = await listen(nc, subjects.job_progress("elastic"), JobProgressEvent)
+    progress = await listen(nc, subjects.job_progress(NODE, "elastic"), JobProgressEvent)
     spec = JobSpec(name="elastic", model="resnet18", batch_size=8, iterations=6,
                    checkpoint_every=2)
     first = StartJob(job_id="elastic", run_id=1, spec=spec, total_iterations=6, gpus=[0])

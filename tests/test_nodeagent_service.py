@@ -68,7 +68,8 @@ def config(nats_server: NatsServer, tmp_path: Path) -> NodeAgentConfig:
 
 
 @pytest.fixture
-async def agent(config: NodeAgentConfig) -> AsyncIterator[NodeAgent]:
+async def agent(config: NodeAgentConfig, stores: Stores) -> AsyncIterator[NodeAgent]:
+    # the services create the streams an agent stores into: an agent may not
     async with NodeAgent(config) as running:
         yield running
 
@@ -92,10 +93,14 @@ async def send(nc: Client, command: StartJob | StopJob, node: str = NODE) -> Com
     return codec.decode(reply.data, CommandReply)
 
 
-async def stored_exit(stores: Stores, job_id: str, timeout_s: float = 10.0) -> JobExit:
+async def stored_exit(
+    stores: Stores, job_id: str, timeout_s: float = 10.0, node: str = NODE
+) -> JobExit:
     async def last() -> JobExit | None:
         try:
-            msg = await stores.js.get_last_msg(subjects.JOBS_STREAM, subjects.job_exit(job_id))
+            msg = await stores.js.get_last_msg(
+                subjects.EXITS_STREAM, subjects.job_exit(node, job_id)
+            )
         except (NotFoundError, TimeoutError):
             return None
         except Exception as exc:  # the server may still be coming back
@@ -104,15 +109,17 @@ async def stored_exit(stores: Stores, job_id: str, timeout_s: float = 10.0) -> J
             raise
         exit = codec.decode(msg.data, JobExit)
         assert msg.headers is not None
-        assert msg.headers["Nats-Msg-Id"] == f"{job_id}-{exit.run_id}-exit"
+        # the node's, the job's and the run's, and a part nobody else can guess
+        prefix, nonce = msg.headers["Nats-Msg-Id"].rsplit("-", 1)
+        assert prefix == f"{node}-{job_id}-{exit.run_id}-exit" and len(nonce) == 16
         return exit
 
     return await wait_until(last, timeout_s)
 
 
-async def exits_stored(stores: Stores, job_id: str) -> int:
-    subject = subjects.job_exit(job_id)
-    info = await stores.js.stream_info(subjects.JOBS_STREAM, subjects_filter=subject)
+async def exits_stored(stores: Stores, job_id: str, node: str = NODE) -> int:
+    subject = subjects.job_exit(node, job_id)
+    info = await stores.js.stream_info(subjects.EXITS_STREAM, subjects_filter=subject)
     return (info.state.subjects or {}).get(subject, 0)
 
 
@@ -189,7 +196,7 @@ async def test_a_simulated_job_advances_at_the_ground_truth_speed_to_a_succeeded
     config: NodeAgentConfig, nc: Client, stores: Stores
 ):
     scale = 0.0005
-    progress = await listen(nc, subjects.job_progress("sim"), JobProgressEvent)
+    progress = await listen(nc, subjects.job_progress(NODE, "sim"), JobProgressEvent)
     async with NodeAgent(dataclasses.replace(config, time_scale=scale)):
         reply = await send(nc, start("sim", total_iterations=4000, resume_iteration=1000))
         assert reply.ok
@@ -234,7 +241,7 @@ async def test_a_repeated_start_of_the_same_run_is_idempotent(
 async def test_a_preempted_simulated_job_exits_stopped_at_the_iteration_reached(
     agent: NodeAgent, nc: Client, stores: Stores
 ):
-    progress = await listen(nc, subjects.job_progress("pre"), JobProgressEvent)
+    progress = await listen(nc, subjects.job_progress(NODE, "pre"), JobProgressEvent)
     assert (await send(nc, start("pre", emulated_iteration_s=0.005))).ok
     await wait_until(lambda: any(e.progress.iteration >= 5 for e in progress.items))
     seen = max(e.progress.iteration for e in progress.items)
@@ -249,7 +256,7 @@ async def test_a_preempted_simulated_job_exits_stopped_at_the_iteration_reached(
 async def test_a_colocated_simulated_job_runs_slower_by_the_ground_truth_slowdown(
     config: NodeAgentConfig, nc: Client
 ):
-    progress = await listen(nc, "gpusched.job.*.progress", JobProgressEvent)
+    progress = await listen(nc, subjects.ALL_JOB_PROGRESS, JobProgressEvent)
     alone = TRUTH.iteration_time("resnet50", 64, 1, 1)
     slowdown = TRUTH.colocation_slowdown(JobShape("resnet50", 64, 1, 1), JobShape("bert", 32, 1, 1))
     bert_alone = TRUTH.iteration_time("bert", 32, 1, 1)
@@ -319,7 +326,7 @@ async def test_a_node_registers_again_after_nats_restarts(
 async def test_stopping_the_agent_preempts_its_jobs_and_reports_where_they_were(
     config: NodeAgentConfig, nc: Client, stores: Stores
 ):
-    progress = await listen(nc, subjects.job_progress("held"), JobProgressEvent)
+    progress = await listen(nc, subjects.job_progress(NODE, "held"), JobProgressEvent)
     async with NodeAgent(config):
         assert (await send(nc, start("held", emulated_iteration_s=0.005))).ok
         await wait_until(lambda: any(e.progress.iteration >= 2 for e in progress.items))
@@ -404,7 +411,7 @@ async def test_an_emulated_cluster_runs_an_agent_per_node(nats_server: NatsServe
         await wait_until(lambda: {b.node for b in beats.items} == set(cluster.names))
         assert (await send(nc, start("c1", emulated_iteration_s=0.001, total_iterations=5),
                            node="node-2")).ok
-        assert (await stored_exit(stores, "c1")).node == "node-2"
+        assert (await stored_exit(stores, "c1", node="node-2")).node == "node-2"
     for name in cluster.names:
         with pytest.raises(KeyNotFoundError):
             await stores.nodes.get(name)

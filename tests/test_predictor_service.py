@@ -75,9 +75,8 @@ def progress(
 
 
 async def publish(nc: Client, event: JobProgressEvent) -> None:
-    await nc.publish(
-        subjects.job_progress(event.job_id), codec.encode(event), headers=codec.headers()
-    )
+    await nc.publish(subjects.job_progress(event.node, event.job_id), codec.encode(event),
+                     headers=codec.headers())
 
 
 async def raw_request(nc: Client, subject: str, payload: bytes, json_payload: bool = False):
@@ -257,7 +256,7 @@ async def test_a_slowdown_without_a_partner_is_a_400_naming_partner(
 async def test_a_bad_message_on_the_learning_subjects_does_not_stop_the_service(
     nc: Client, service: PredictorService, client: PredictorClient
 ):
-    await nc.publish(subjects.job_progress("junk"), b"\x00not msgpack")
+    await nc.publish(subjects.job_progress("n0", "junk"), b"\x00not msgpack")
     await nc.publish(subjects.job_state("junk"), b"{}")
     await publish(nc, progress("junk", 1, 1.0, model="no-such-model"))
     await publish(nc, progress("job-1", 1, 10.0))

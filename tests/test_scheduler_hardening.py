@@ -78,16 +78,18 @@ def succeeded(job_id: str, run_id: int) -> JobExit:
                    exit_code=0, iteration=10, at=time.time())
 
 
-async def store_exit(stores: Stores, exit: JobExit) -> None:
-    await stores.js.publish(subjects.job_exit(exit.job_id), codec.encode(exit),
-                            headers=codec.headers())
+async def store_exit(stores: Stores, exit: JobExit, node: str | None = None) -> None:
+    """Store ``exit`` as ``node`` (by default the node it names) would publish it."""
+    await stores.js.publish(subjects.job_exit(node or exit.node, exit.job_id),
+                            codec.encode(exit), headers=codec.headers())
 
 
 async def stream_message(stores: Stores, subject: str, payload: Any) -> Durable:
     """``payload`` as the scheduler's consumer delivers it: a real message of the jobs
-    stream, stored and fetched back."""
+    stream (or the exits stream, for an exit), stored and fetched back."""
     await stores.js.publish(subject, codec.encode(payload), headers=codec.headers())
-    pull = await stores.js.pull_subscribe(subject, stream=subjects.JOBS_STREAM)
+    stream = subjects.EXITS_STREAM if subjects.node_of(subject) else subjects.JOBS_STREAM
+    pull = await stores.js.pull_subscribe(subject, stream=stream)
     (msg,) = await pull.fetch(1, timeout=5)
     return Durable(msg)
 
@@ -269,7 +271,7 @@ async def test_the_exit_of_a_run_started_by_the_previous_leader_finishes_the_job
     job_id = await store_job_being_started(stores)
     async with idle_scheduler(nats_server.url, nc, stores, node_timeout_s=60.0) as scheduler:
         exit = succeeded(job_id, 1)
-        await scheduler.handle(await stream_message(stores, subjects.job_exit(job_id), exit))
+        await scheduler.handle(await stream_message(stores, subjects.job_exit(NODE, job_id), exit))
         record = await record_of(stores, job_id)
         assert record.state is JobState.SUCCEEDED
         assert job_id not in scheduler.jobs

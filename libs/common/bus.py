@@ -183,6 +183,20 @@ async def _bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
         return await js.create_key_value(config)
 
 
+async def _registry(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+    """The node registry: a bucket whose stream refuses rollup headers. Each node's user
+    may write its own key only, but a ``Nats-Rollup: all`` header on that key would
+    purge the whole stream, every other node's registration with it."""
+    try:
+        bucket = await _bucket(js, config)
+    except BadRequestError:  # made meanwhile by another service, rollups refused
+        bucket = await js.key_value(config.bucket)
+    current = (await js.stream_info(f"KV_{config.bucket}")).config
+    if current.allow_rollup_hdrs:
+        await js.update_stream(dataclasses.replace(current, allow_rollup_hdrs=False))
+    return bucket
+
+
 #: how many key markers one pull brings when listing a bucket
 KEYS_BATCH = 1000
 _KV_REMOVED = ("DEL", "PURGE")
@@ -328,11 +342,25 @@ class Stores:
             ),
             keep_replicas=replicas is None,
         )
+        await _stream(
+            js,
+            StreamConfig(
+                name=subjects.EXITS_STREAM,
+                subjects=list(subjects.EXITS_STREAM_SUBJECTS),
+                retention=RetentionPolicy.LIMITS,
+                storage=StorageType.FILE,
+                discard=DiscardPolicy.OLD,
+                max_age=STREAM_MAX_AGE_S,
+                duplicate_window=DUPLICATE_WINDOW_S,
+                num_replicas=copies,
+            ),
+            keep_replicas=replicas is None,
+        )
         jobs = await _bucket(
             js, KeyValueConfig(bucket=subjects.JOBS_BUCKET, history=1, storage=StorageType.FILE,
                                replicas=copies)
         )
-        nodes = await _bucket(
+        nodes = await _registry(
             js, KeyValueConfig(bucket=subjects.NODES_BUCKET, history=1, storage=StorageType.FILE,
                                replicas=copies)
         )

@@ -52,18 +52,21 @@ def inbox_prefix(user: str) -> str:
     return f"_INBOX_{user}"
 
 
+#: the streams ``Stores.open`` sees to: the jobs and exits streams, and the buckets'
+_STREAMS = (subjects.JOBS_STREAM, subjects.EXITS_STREAM, *(kv_stream(b) for b in _BUCKETS))
+
+
 def _open_stores() -> list[str]:
-    """What ``Stores.open`` asks: look up (or create, identically) the jobs stream and
-    the KV buckets. Creating an existing stream with the same settings changes nothing;
-    changing settings needs ``STREAM.UPDATE``, which only the scheduler and admission
-    have (and the predictor, for the jobs stream)."""
-    streams = [subjects.JOBS_STREAM, *(kv_stream(b) for b in _BUCKETS)]
-    return [f"{_JS}.STREAM.{action}.{s}" for s in streams for action in ("INFO", "CREATE")]
+    """What ``Stores.open`` asks: look up (or create, identically) the jobs and exits
+    streams and the KV buckets. Creating an existing stream with the same settings
+    changes nothing; changing settings needs ``STREAM.UPDATE``, which only the scheduler
+    and admission have (and the predictor, for the jobs stream). Node agents have none
+    of it: a stream's INFO lists its subjects on request (every job id)."""
+    return [f"{_JS}.STREAM.{action}.{s}" for s in _STREAMS for action in ("INFO", "CREATE")]
 
 
 def _update_stores() -> list[str]:
-    streams = [subjects.JOBS_STREAM, *(kv_stream(b) for b in _BUCKETS)]
-    return [f"{_JS}.STREAM.UPDATE.{s}" for s in streams]
+    return [f"{_JS}.STREAM.UPDATE.{s}" for s in _STREAMS]
 
 
 def _read_bucket(bucket: str) -> list[str]:
@@ -151,10 +154,11 @@ def scheduler() -> Permissions:
             *_update_stores(),
             f"{_JS}.STREAM.PURGE.{kv_stream(subjects.LIVE_BUCKET)}",
             # the stored exit of a run its node no longer lists (LiveScheduler._lost)
-            f"{_JS}.STREAM.MSG.GET.{subjects.JOBS_STREAM}",
+            f"{_JS}.STREAM.MSG.GET.{subjects.EXITS_STREAM}",
             *(p for b in (subjects.JOBS_BUCKET, subjects.NODES_BUCKET, subjects.LEASE_BUCKET,
                           subjects.LIVE_BUCKET) for p in _read_bucket(b)),
             *_consume(subjects.JOBS_STREAM),
+            *_consume(subjects.EXITS_STREAM),
             *(p for b in (subjects.JOBS_BUCKET, subjects.NODES_BUCKET, subjects.LIVE_BUCKET)
               for p in _consume(kv_stream(b))),
         ),
@@ -185,6 +189,9 @@ def predictor() -> Permissions:
             # the measured profile of a GPU type it stored; a node's GPU type
             subjects.ALL_GPU_PROFILES,
             *_read_bucket(subjects.NODES_BUCKET),
+            # it opens the stores first under ``gpusched up``: it may turn rollup headers
+            # off on a node registry made before they were refused (bus._registry)
+            f"{_JS}.STREAM.UPDATE.{kv_stream(subjects.NODES_BUCKET)}",
             # each submitted job's predicted size, stored in the jobs stream; it may
             # bring a stream made before that subject up to date (``gpusched up``
             # starts the predictor first)
@@ -211,16 +218,18 @@ def predictor() -> Permissions:
 
 def nodeagent(node: str) -> Permissions:
     """Receives its own node's commands only; publishes its own heartbeats, telemetry
-    and registration, and the progress and exits of the jobs it runs. It reads no job
-    record, no other node's registration, and cannot command any node."""
+    and registration, and the progress and exits of the jobs it runs, all under its own
+    node's subjects (what it says, it says as itself). It reads no job record, no other
+    node's registration, no stream (not even a stream's information: it lists subjects),
+    creates none, and cannot command any node."""
     return Permissions(
         publish=(
             subjects.node_heartbeat(node),
             subjects.node_telemetry(node),
             f"$KV.{subjects.NODES_BUCKET}.{node}",
-            subjects.ALL_JOB_PROGRESS,
-            f"{P}.job.*.exit",
-            *_open_stores(),
+            f"{P}.node.{subjects._id(node)}.job.*.progress",
+            # stored in the exits stream, a plain publish the server acknowledges
+            f"{P}.node.{subjects._id(node)}.job.*.exit",
             # its GPU type's measured figures: asks what is stored, hands in what it measured
             subjects.PREDICT_MEASURED_PROFILE,
             subjects.node_measured_profile(node),

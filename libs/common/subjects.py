@@ -1,7 +1,10 @@
 """Every NATS subject, stream and bucket name, as pure builders.
 
 Subjects follow ``gpusched.<area>.<id>.<event>`` with dot-free ids, so
-``gpusched.job.*.state`` or ``gpusched.node.*.telemetry`` can be tapped directly.
+``gpusched.job.*.state`` or ``gpusched.node.*.telemetry`` can be tapped directly. What a
+node agent publishes lies under its node, ``gpusched.node.<node>.…`` (a job's progress
+and exit: ``gpusched.node.<node>.job.<id>.<event>``), so the server's permissions let a
+node speak only for itself and readers take the sender from the subject.
 docs/subjects.md lists them all with their payloads.
 """
 
@@ -9,15 +12,18 @@ from __future__ import annotations
 
 PREFIX = "gpusched"
 
-#: JetStream stream holding durable work for the scheduler: submissions, cancels, exits
-#: and the predictor's predicted sizes
+#: JetStream stream holding durable work for the scheduler from the services: submissions
+#: and cancels (admission) and the predictor's predicted sizes. No node agent may publish
+#: into it, so no node can claim one of its ``Nats-Msg-Id`` (docs/security.md)
 JOBS_STREAM = "GPUSCHED_JOBS"
 JOBS_STREAM_SUBJECTS = (
     f"{PREFIX}.job.*.submitted",
     f"{PREFIX}.job.*.cancel",
-    f"{PREFIX}.job.*.exit",
     f"{PREFIX}.job.*.predicted_size",
 )
+#: the exits node agents store, each under its node's own subjects: a stream of its own,
+#: so that the duplicate window a node can write to holds no service's message ids
+EXITS_STREAM = "GPUSCHED_EXITS"
 SCHEDULER_CONSUMER = "scheduler"
 
 JOBS_BUCKET = "gpusched_jobs"
@@ -55,8 +61,10 @@ def job_cancel(job_id: str) -> str:
     return f"{PREFIX}.job.{_id(job_id)}.cancel"
 
 
-def job_exit(job_id: str) -> str:
-    return f"{PREFIX}.job.{_id(job_id)}.exit"
+def job_exit(node: str, job_id: str) -> str:
+    """Stored in EXITS_STREAM by the node agent of ``node`` when a run it leads ends:
+    only that node's user may publish it."""
+    return f"{PREFIX}.node.{_id(node)}.job.{_id(job_id)}.exit"
 
 
 def job_predicted_size(job_id: str) -> str:
@@ -68,8 +76,40 @@ def job_state(job_id: str) -> str:
     return f"{PREFIX}.job.{_id(job_id)}.state"
 
 
-def job_progress(job_id: str) -> str:
-    return f"{PREFIX}.job.{_id(job_id)}.progress"
+def job_progress(node: str, job_id: str) -> str:
+    """Published by the node agent of ``node`` about a run it leads."""
+    return f"{PREFIX}.node.{_id(node)}.job.{_id(job_id)}.progress"
+
+
+def job_progress_from_any_node(job_id: str) -> str:
+    """One job's progress, whichever node reports it (the subject names the node)."""
+    return f"{PREFIX}.node.*.job.{_id(job_id)}.progress"
+
+
+def node_of(subject: str) -> str | None:
+    """The node a ``gpusched.node.<node>.…`` subject names: who published it, since only
+    that node's user may publish there (libs/common/natsauth.py). None for any other."""
+    parts = subject.split(".")
+    if len(parts) < 4 or parts[0] != PREFIX or parts[1] != "node":
+        return None
+    return parts[2]
+
+
+def job_of(subject: str) -> str | None:
+    """The job a ``gpusched.node.<node>.job.<id>.<event>`` subject names; None else."""
+    parts = subject.split(".")
+    if len(parts) != 6 or node_of(subject) is None or parts[3] != "job":
+        return None
+    return parts[4]
+
+
+def matches_sender(subject: str, node: str, job_id: str | None = None) -> bool:
+    """Whether a node's report published on ``subject`` names the node its subject names
+    (and, given ``job_id``, the job): a report whose payload claims another node or job
+    than its subject is not to be believed."""
+    if node != node_of(subject):
+        return False
+    return job_id is None or job_id == job_of(subject)
 
 
 def node_command(node: str) -> str:
@@ -148,7 +188,9 @@ PREDICT_MEASURED_PROFILE = f"{PREDICTOR_GROUP}.measured_profile"
 
 ALL_JOB_STATES = f"{PREFIX}.job.*.state"
 ALL_JOB_SUBMISSIONS = f"{PREFIX}.job.*.submitted"
-ALL_JOB_PROGRESS = f"{PREFIX}.job.*.progress"
+ALL_JOB_PROGRESS = f"{PREFIX}.node.*.job.*.progress"
+ALL_JOB_EXITS = f"{PREFIX}.node.*.job.*.exit"
+EXITS_STREAM_SUBJECTS = (ALL_JOB_EXITS,)
 ALL_JOB_PREDICTED_SIZES = f"{PREFIX}.job.*.predicted_size"
 ALL_CPU_PROFILES = f"{PREFIX}.model.*.cpu_profile"
 ALL_COMPUTE_PROFILES = f"{PREFIX}.model.*.compute_profile"

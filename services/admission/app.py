@@ -556,13 +556,15 @@ class AdmissionApi:
             queue.put_nowait(("state", msg.data))
 
         async def on_progress(msg: Msg) -> None:
-            if queue.qsize() < MAX_BUFFERED_PROGRESS:
+            if queue.qsize() < MAX_BUFFERED_PROGRESS and _from_its_sender(msg):
                 queue.put_nowait(("progress", msg.data))
 
         # subscribe before reading the record, so no transition falls between the two
         subscriptions = [
             await self.nc.subscribe(subjects.job_state(job_id), cb=on_state),
-            await self.nc.subscribe(subjects.job_progress(job_id), cb=on_progress),
+            await self.nc.subscribe(
+                subjects.job_progress_from_any_node(job_id), cb=on_progress
+            ),
         ]
         self._streams.add(queue)
         self.metrics.event_streams.inc()
@@ -591,6 +593,8 @@ class AdmissionApi:
         if record.state.terminal:
             return
         seen_at = record.history[-1].at if record.history else record.submitted_at
+        #: the node leading the job's run: the only one whose progress is the job's
+        leader = record.placement[0].node if record.placement else None
         while True:
             try:
                 kind, data = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
@@ -611,12 +615,14 @@ class AdmissionApi:
                 # a transition the record already showed when the stream began
                 if event is None or event.at < seen_at:
                     continue
+                leader = event.placement[0].node if event.placement else None
                 await _send(response, "state", _json.encode(event))
                 if event.state.terminal:
                     return
             else:
                 progress = _decode(data, JobProgressEvent)
-                if progress is not None:
+                # its node is its sender's (_from_its_sender): another node's is dropped
+                if progress is not None and progress.node == leader:
                     await _send(response, "progress", _json.encode(progress))
 
     # ------------------------------------------------------------------ cluster, ops
@@ -751,6 +757,16 @@ def _unavailable() -> ProblemError:
         "the message bus is not reachable; nothing was changed, try again",
         headers={hdrs.RETRY_AFTER: "1"},
     )
+
+
+def _from_its_sender(msg: Msg) -> bool:
+    """Whether a progress event names the node and job its subject names: the subject
+    says which node sent it, the payload only claims it."""
+    event = _decode(msg.data, JobProgressEvent)
+    if event is None or not subjects.matches_sender(msg.subject, event.node, event.job_id):
+        log.warning("progress event claiming another node or job dropped", subject=msg.subject)
+        return False
+    return True
 
 
 def _decode(data: bytes, kind: type[Any]) -> Any:

@@ -213,6 +213,15 @@ class Dashboard:
                 known = owned[job_id] = record.tenant == tenant
             return known
 
+        def from_leader(msg: Msg, event: JobProgressEvent) -> bool:
+            """Sent by the node leading the job's run, as its record says (the subject
+            names the sender; the payload only claims it)."""
+            record = self.api.jobs.get(event.job_id)
+            leader = record.placement[0].node if record and record.placement else None
+            return leader == event.node and subjects.matches_sender(
+                msg.subject, event.node, event.job_id
+            )
+
         async def on_state(msg: Msg) -> None:
             event = _decode(msg.data, JobStateEvent)
             if event is None:
@@ -226,7 +235,7 @@ class Dashboard:
             if queue.qsize() >= MAX_BUFFERED_PROGRESS:
                 return
             event = _decode(msg.data, JobProgressEvent)
-            if event is not None and own(event.job_id):
+            if event is not None and own(event.job_id) and from_leader(msg, event):
                 queue.put_nowait(("progress", _json.encode(event)))
 
         async def on_decision(msg: Msg) -> None:

@@ -199,6 +199,11 @@ class NodeIndex:
             except msgspec.MsgspecError as exc:
                 log.warning("undecodable node registration skipped", node=name, error=str(exc))
                 return False
+            if info.name != name:
+                # a node's user writes its own key only: the key, not the payload, is who
+                log.warning("node registration naming another node skipped", node=name,
+                            claimed_node=info.name[:64])
+                return False
         self._nodes[name] = (revision, info)
         return True
 
@@ -315,6 +320,11 @@ class TelemetryCache:
             sample = codec.decode(msg.data, Telemetry)
         except msgspec.MsgspecError as exc:
             log.debug("undecodable telemetry skipped", subject=msg.subject, error=str(exc))
+            return
+        if not subjects.matches_sender(msg.subject, sample.node):
+            # the subject names the node that sent it; a sample claiming another is forged
+            log.warning("telemetry claiming another node dropped", subject=msg.subject,
+                        claimed_node=sample.node[:64])
             return
         known = self._latest.get(sample.node)
         if known is None or sample.at >= known.at:

@@ -5,7 +5,9 @@ timers and process runs only send it messages. Commands arrive by request/reply 
 ``gpusched.node.<name>.command``, the endpoint of the node's NATS micro service
 (``command_service``); the agent publishes heartbeats, telemetry and progress
 events, and every run of a leader part ends with exactly one JobExit stored in JetStream
-(retried until the server takes it, deduplicated by its Nats-Msg-Id).
+(retried until the server takes it, deduplicated by its Nats-Msg-Id). It publishes under
+its own node's subjects only, and creates, inspects and reads no stream: its NATS user may
+not (libs/common/natsauth.py).
 
 The agent keeps the lifecycle and dispatches what arrives; the rest lives beside it:
 ``checks`` (can a start run here, as what), ``simulation`` (simulated clocks),
@@ -26,11 +28,12 @@ from dataclasses import dataclass, field
 import msgspec
 import structlog
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 from nats.micro.service import Service
 
 from gpusched.libs.common import codec, subjects
 from gpusched.libs.common.actor import Actor
-from gpusched.libs.common.bus import Stores, connection
+from gpusched.libs.common.bus import connection
 from gpusched.libs.common.embedded import free_port
 from gpusched.libs.common.schemas import (
     Command,
@@ -149,8 +152,8 @@ class NodeAgent(Actor[AgentMessage]):
     and serves until the block ends; then it preempts what runs (so the jobs checkpoint),
     delivers their exits, deregisters and drains.
 
-    ``nc``/``stores`` share a connection (the caller then owns it) and ``truth`` shares
-    the ground-truth model, for many agents in one process.
+    ``nc`` shares a connection (the caller then owns it) and ``truth`` shares the
+    ground-truth model, for many agents in one process.
     """
 
     name = "nodeagent"
@@ -160,14 +163,14 @@ class NodeAgent(Actor[AgentMessage]):
         config: NodeAgentConfig,
         *,
         nc: Client | None = None,
-        stores: Stores | None = None,
         truth: ProfilePerformanceModel | None = None,
     ) -> None:
         super().__init__()
         self.config = config
         self.log = structlog.get_logger("gpusched.nodeagent").bind(node=config.name)
         self._nc = nc
-        self._stores = stores
+        #: publishes into streams (exits, the registration); asks the server nothing else
+        self._js: JetStreamContext | None = None
         self._truth = truth
         self._known_models: frozenset[str] = frozenset()
         self._inventory: GpuInventory | None = None
@@ -241,8 +244,7 @@ class NodeAgent(Actor[AgentMessage]):
             self._nc = await self._stack.enter_async_context(
                 connection(config.nats_url, f"nodeagent-{config.name}")
             )
-        if self._stores is None:
-            self._stores = await Stores.open(self._nc)
+        self._js = self._nc.jetstream(timeout=PUBLISH_TIMEOUT_S)
         warning = start_warning(config.job_user)
         if warning:
             self.log.warning("jobs run as the agent's user", detail=warning)
@@ -276,7 +278,7 @@ class NodeAgent(Actor[AgentMessage]):
             self._nc, config.name, config.time_scale, self._inventory, self._truth,
             self._known_models, self.log, self._metrics, nvml,
         )
-        self._outbox = ExitOutbox(self._stores, self.log, self._metrics)
+        self._outbox = ExitOutbox(self._js, config.name, self.log, self._metrics)
         await super().__aenter__()
         self._stack.push_async_callback(self._stop_actor)
         self._commands = await serve_commands(
@@ -372,10 +374,10 @@ class NodeAgent(Actor[AgentMessage]):
 
     # ---- registration ---------------------------------------------------------------
     async def _register(self) -> bool:
-        assert self._stores is not None and self._info is not None
+        assert self._js is not None and self._info is not None
         try:
             # the same write as KeyValue.put, with the codec headers every message carries
-            await self._stores.js.publish(
+            await self._js.publish(
                 f"$KV.{subjects.NODES_BUCKET}.{self.config.name}",
                 codec.encode(self._info),
                 headers=codec.headers(),
@@ -408,10 +410,14 @@ class NodeAgent(Actor[AgentMessage]):
         self.spawn(self._register_later())
 
     async def _deregister(self) -> None:
-        if self._stores is None or self._info is None:
+        if self._js is None or self._info is None:
             return
         try:
-            await asyncio.wait_for(self._stores.nodes.delete(self.config.name), PUBLISH_TIMEOUT_S)
+            # KeyValue.delete's message: a delete marker on its own key
+            await self._js.publish(
+                f"$KV.{subjects.NODES_BUCKET}.{self.config.name}",
+                headers={"KV-Operation": "DEL"}, timeout=PUBLISH_TIMEOUT_S,
+            )
             self.log.info("node deregistered")
         except Exception as exc:
             self.log.warning("deregistration failed", error=repr(exc))

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from nats.aio.client import Client
 
-from gpusched.libs.common.bus import Stores, connection
+from gpusched.libs.common.bus import connection
 from gpusched.libs.core.groundtruth import ProfilePerformanceModel, load_performance_model
 from gpusched.services.nodeagent.agent import NodeAgent
 from gpusched.services.nodeagent.config import NodeAgentConfig
@@ -94,15 +94,11 @@ class EmulatedCluster:
             load_performance_model, first.data_dir
         )
         nc: Client | None = None
-        stores: Stores | None = None
         if self.share_connection:
             nc = await self._stack.enter_async_context(
                 connection(first.nats_url, "nodeagent-cluster")
             )
-            stores = await Stores.open(nc)
-        self.agents = [
-            NodeAgent(config, nc=nc, stores=stores, truth=truth) for config in self.configs
-        ]
+        self.agents = [NodeAgent(config, nc=nc, truth=truth) for config in self.configs]
         entered = await asyncio.gather(
             *(agent.__aenter__() for agent in self.agents), return_exceptions=True
         )

@@ -137,7 +137,7 @@ class Reporter:
                 iteration_s=self._measure(run, now),
                 progress=progress,
             )
-            await self._publish(subjects.job_progress(run.job_id), event, "progress")
+            await self._publish(subjects.job_progress(self._node, run.job_id), event, "progress")
 
     def _measure(self, run: Run, now: float) -> float | None:
         """Seconds per iteration over the interval since the last progress event, in

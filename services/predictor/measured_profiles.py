@@ -138,7 +138,8 @@ class MeasuredProfiles:
             try:
                 entry = await self._nodes.get(node)
                 info = codec.decode(entry.value or b"", NodeInfo)
-                if info.gpus:
+                # the key is the node (its own user wrote it); a payload naming another is not
+                if info.gpus and info.name == node:
                     gpu_type = gpu_type_key(info.gpus[0].model)
             except Exception as exc:  # not registered (yet), unreadable, NATS away
                 log.debug("no GPU type for a node", node=node, error=repr(exc))

@@ -553,6 +553,12 @@ class PredictorService:
             self.metrics.observations.labels("progress", "invalid").inc()
             log.warning("unreadable progress event", subject=msg.subject, error=str(exc))
             return
+        if not subjects.matches_sender(msg.subject, event.node, event.job_id):
+            # the subject names the node that sent it; a payload naming another is forged
+            self.metrics.observations.labels("progress", "invalid").inc()
+            log.warning("progress event claiming another node or job dropped",
+                        subject=msg.subject, claimed_node=event.node[:64])
+            return
         if event.progress.epoch is not None:
             await self._observe_epochs(event)
         try:

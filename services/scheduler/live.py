@@ -17,9 +17,9 @@ import functools
 import itertools
 import math
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import structlog
@@ -109,24 +109,28 @@ class RecordConflict(Exception):
 class Liveness:
     """When heartbeats arrived, written by the heartbeat subscription as each one comes
     in, ahead of the actor's queue. A backlogged actor handles a beat late; judging a
-    node by that would declare healthy nodes lost. The actor only reads it."""
+    node by that would declare healthy nodes lost. The actor only reads it. A run is
+    kept per node that listed it: only the nodes a job was placed on keep it alive."""
 
     def __init__(self) -> None:
         self._nodes: dict[str, float] = {}
-        self._runs: dict[tuple[str, int], float] = {}
+        self._runs: dict[tuple[str, str, int], float] = {}
 
     def saw(self, beat: Heartbeat, arrived: float) -> None:
         self._nodes[beat.node] = arrived
         for run in beat.running:
-            self._runs[(run.job_id, run.run_id)] = arrived
+            self._runs[(beat.node, run.job_id, run.run_id)] = arrived
         for ended in beat.exiting:
-            self._runs[(ended.job_id, ended.run_id)] = arrived
+            self._runs[(beat.node, ended.job_id, ended.run_id)] = arrived
 
     def node_seen(self, node: str) -> float:
         return self._nodes.get(node, 0.0)
 
-    def run_seen(self, job_id: str, run_id: int | None) -> float:
-        return 0.0 if run_id is None else self._runs.get((job_id, run_id), 0.0)
+    def run_seen(self, job_id: str, run_id: int | None, nodes: Iterable[str]) -> float:
+        """When one of ``nodes`` last listed the run (0: never)."""
+        if run_id is None:
+            return 0.0
+        return max((self._runs.get((node, job_id, run_id), 0.0) for node in nodes), default=0.0)
 
     def forget_runs_before(self, moment: float) -> None:
         """Drop runs last listed before ``moment``: once older than the missing-job
@@ -288,7 +292,9 @@ class LiveScheduler(Actor[Message]):
             with contextlib.suppress(KeyNotFoundError):
                 entry = await self.stores.nodes.get(key)
                 if entry.value:
-                    info = codec.decode(entry.value, NodeInfo)
+                    info = _registration(key, codec.decode(entry.value, NodeInfo))
+                    if info is None:
+                        continue
                     # a node gets a whole timeout to show it is alive after a takeover
                     self.nodes[info.name] = LiveNode(info, last_beat=now)
         self._relayout()
@@ -569,13 +575,19 @@ class LiveScheduler(Actor[Message]):
     async def _durable(self, msg: Msg) -> None:
         event = msg.subject.rsplit(".", 1)[-1]
         try:
-            if event == "submitted":
+            if subjects.node_of(msg.subject) is not None:
+                # the exits stream: gpusched.node.<node>.job.<id>.exit
+                exit = _from_sender(msg, codec.decode(msg.data, JobExit), self.metrics, "exit")
+                if exit is not None:
+                    await self._exit(exit)
+            elif event == "submitted":
                 job_id = msg.subject.split(".")[2]
                 if await self._adopt(job_id) is not None:
                     self._request_round()
             elif event == "cancel":
                 await self._cancel(codec.decode(msg.data, CancelRequest))
             elif event == "exit":
+                # stored in the jobs stream before exits had a stream of their own
                 await self._exit(codec.decode(msg.data, JobExit))
             elif event == "predicted_size":
                 await self._size_predicted(codec.decode(msg.data, SizePredicted))
@@ -703,6 +715,8 @@ class LiveScheduler(Actor[Message]):
         job = self.jobs.get(exit.job_id)
         if job is None or exit.run_id != job.record.run_id or job.phase == Phase.WAITING:
             return  # a report from an earlier run, or of a job already settled
+        if not self._from_leader(job, "exit", exit.node):
+            return
         log = self.log.bind(job_id=job.id, node=exit.node)
         self._stop_followers(job, exit.node)
         # the run's own last word (its final loss too), else the last progress it streamed
@@ -745,9 +759,24 @@ class LiveScheduler(Actor[Message]):
             error=exit.stderr_tail,
         )
 
+    def _from_leader(self, job: LiveJob, kind: str, node: str) -> bool:
+        """Whether ``node`` (the sender, from the subject) leads the job's current run:
+        only that node may report its progress or end it. Another node's report is
+        dropped, with a warning and a count."""
+        placement = job.record.placement
+        if placement and placement[0].node == node:
+            return True
+        self.metrics.report_refused(kind)
+        self.log.warning("report from a node not running the job dropped", kind=kind,
+                         job_id=job.id, node=node,
+                         leader=placement[0].node if placement else None)
+        return False
+
     async def _progress(self, event: JobProgressEvent) -> None:
         job = self.jobs.get(event.job_id)
         if job is None or event.run_id != job.record.run_id:
+            return
+        if not self._from_leader(job, "progress", event.node):
             return
         job.iteration = event.progress.iteration
         job.progress = event.progress
@@ -771,7 +800,9 @@ class LiveScheduler(Actor[Message]):
             with contextlib.suppress(KeyNotFoundError):
                 entry = await self.stores.nodes.get(beat.node)
                 if entry.value:
-                    node = LiveNode(codec.decode(entry.value, NodeInfo), last_beat=now)
+                    info = _registration(beat.node, codec.decode(entry.value, NodeInfo))
+                    node = None if info is None else LiveNode(info, last_beat=now)
+                if node is not None:
                     self.nodes[beat.node] = node
                     self._relayout()
                     self.log.info("node joined", node=beat.node)
@@ -784,7 +815,7 @@ class LiveScheduler(Actor[Message]):
             job = self.jobs.get(running.job_id)
             if job is not None and job.holds_gpus and running.run_id in (
                 job.record.run_id, job.resizing_from
-            ):
+            ) and any(part.node == beat.node for part in job.record.placement):
                 job.last_seen = now
                 if job.unconfirmed_start and running.run_id == job.record.run_id:
                     await self._confirm_start(job)
@@ -838,10 +869,11 @@ class LiveScheduler(Actor[Message]):
         return max(node.last_beat, self.liveness.node_seen(node.name))
 
     def _job_seen(self, job: LiveJob) -> float:
+        nodes = {part.node for part in job.record.placement}
         return max(
             job.last_seen,
-            self.liveness.run_seen(job.id, job.record.run_id),
-            self.liveness.run_seen(job.id, job.resizing_from),
+            self.liveness.run_seen(job.id, job.record.run_id, nodes),
+            self.liveness.run_seen(job.id, job.resizing_from, nodes),
         )
 
     async def _refresh_nodes(self) -> None:
@@ -854,10 +886,16 @@ class LiveScheduler(Actor[Message]):
             self.nodes[name].last_beat = 0.0
 
     async def _stored_exit(self, job: LiveJob) -> JobExit | None:
-        """The exit of the job's current run if its node stored one that we have not
-        handled yet (it waits in the jobs stream behind other work)."""
+        """The exit of the job's current run if its leading node stored one that we have
+        not handled yet (it waits in the exits stream behind other work). Only that
+        node's subject is read: no other node can publish there."""
+        if not job.record.placement:
+            return None
+        leader = job.record.placement[0].node
         try:
-            raw = await self.stores.js.get_last_msg(subjects.JOBS_STREAM, subjects.job_exit(job.id))
+            raw = await self.stores.js.get_last_msg(
+                subjects.EXITS_STREAM, subjects.job_exit(leader, job.id)
+            )
         except NotFoundError:
             return None
         if not raw.data:
@@ -866,7 +904,7 @@ class LiveScheduler(Actor[Message]):
             exit = codec.decode(raw.data, JobExit)
         except msgspec.DecodeError:
             return None
-        return exit if exit.run_id == job.record.run_id else None
+        return exit if exit.run_id == job.record.run_id and exit.node == leader else None
 
     async def _lost(self, job: LiveJob, why: str) -> None:
         # a run that ended has its exit stored before its node forgets it: that exit, not
@@ -1363,8 +1401,7 @@ class SchedulerService:
             )
             stack.push_async_callback(_unsubscribe, beats)
             progress = await self.nc.subscribe(
-                subjects.ALL_JOB_PROGRESS,
-                cb=functools.partial(_tell, scheduler, JobProgressEvent, ProgressSeen),
+                subjects.ALL_JOB_PROGRESS, cb=functools.partial(_progress_arrived, scheduler)
             )
             stack.push_async_callback(_unsubscribe, progress)
             profiles = await self.nc.subscribe(
@@ -1382,10 +1419,14 @@ class SchedulerService:
                 cb=functools.partial(_tell, scheduler, MeasuredProfile, GpuMeasured),
             )
             stack.push_async_callback(_unsubscribe, measured)
-            consumer = asyncio.create_task(self._consume(scheduler), name="scheduler-consumer")
+            consumers = [
+                asyncio.create_task(self._consume(scheduler, stream), name=f"consume-{stream}")
+                for stream in (subjects.JOBS_STREAM, subjects.EXITS_STREAM)
+            ]
 
             async def stop_consumer() -> None:
-                await cancel_and_wait(consumer)
+                for consumer in consumers:
+                    await cancel_and_wait(consumer)
 
             stack.push_async_callback(stop_consumer)
             self.scheduler = scheduler
@@ -1397,7 +1438,9 @@ class SchedulerService:
                 self.metrics.leading(False)
                 self.log.info("leadership ended")
 
-    async def _consume(self, scheduler: LiveScheduler) -> None:
+    async def _consume(self, scheduler: LiveScheduler, stream: str) -> None:
+        """Hand the messages of ``stream`` (the jobs stream, or the exits stream) to the
+        scheduler through the durable consumer of that stream."""
         assert self.stores is not None
         js = self.stores.js
         config = ConsumerConfig(
@@ -1409,13 +1452,13 @@ class SchedulerService:
         )
         while True:
             try:
-                await js.add_consumer(subjects.JOBS_STREAM, config)
+                await js.add_consumer(stream, config)
                 sub = await js.pull_subscribe_bind(
-                    durable=subjects.SCHEDULER_CONSUMER, stream=subjects.JOBS_STREAM
+                    durable=subjects.SCHEDULER_CONSUMER, stream=stream
                 )
                 break
             except Exception as exc:
-                self.log.warning("cannot bind the jobs consumer yet", error=str(exc))
+                self.log.warning("cannot bind the consumer yet", stream=stream, error=str(exc))
                 await asyncio.sleep(0.5)
         try:
             while True:
@@ -1448,8 +1491,48 @@ async def _heartbeat_arrived(scheduler: LiveScheduler, msg: Msg) -> None:
     except msgspec.DecodeError as exc:
         log.warning("dropping undecodable message", subject=msg.subject, error=str(exc))
         return
+    if _from_sender(msg, beat, scheduler.metrics, "heartbeat") is None:
+        return
     scheduler.liveness.saw(beat, arrived=time.time())
     scheduler.tell(Beat(beat))
+
+
+async def _progress_arrived(scheduler: LiveScheduler, msg: Msg) -> None:
+    try:
+        event = codec.decode(msg.data, JobProgressEvent)
+    except msgspec.DecodeError as exc:
+        log.warning("dropping undecodable message", subject=msg.subject, error=str(exc))
+        return
+    if _from_sender(msg, event, scheduler.metrics, "progress") is not None:
+        scheduler.tell(ProgressSeen(event))
+
+
+_Report = TypeVar("_Report", Heartbeat, JobProgressEvent, JobExit)
+
+
+def _from_sender(
+    msg: Msg, report: _Report, metrics: SchedulerMetrics, kind: str
+) -> _Report | None:
+    """``report`` when it speaks of the node and job its subject names: the subject says
+    who sent it (only that node's user may publish there), the payload only claims it.
+    A report claiming another node or job is dropped, with a warning and a count."""
+    job_id = None if isinstance(report, Heartbeat) else report.job_id
+    if subjects.matches_sender(msg.subject, report.node, job_id):
+        return report
+    metrics.report_refused(kind)
+    log.warning("report claiming another sender dropped", kind=kind, subject=msg.subject,
+                claimed_node=report.node[:64])
+    return None
+
+
+def _registration(key: str, info: NodeInfo) -> NodeInfo | None:
+    """A node's registration, stored under its own key (the only one its user may
+    write); one naming another node is dropped."""
+    if info.name == key:
+        return info
+    log.warning("registration naming another node dropped", key=key,
+                claimed_node=info.name[:64])
+    return None
 
 
 def _valid_runs(beat: Heartbeat) -> Heartbeat:

@@ -46,6 +46,8 @@ PENDING_REASONS = (
 )
 #: the values of the ``input`` label of ``gpusched_scheduler_input_lag_seconds``
 INPUTS = ("heartbeat", "progress", "durable")
+#: the values of the ``kind`` label of ``gpusched_scheduler_reports_refused_total``
+REPORT_KINDS = ("heartbeat", "progress", "exit")
 #: the values of the ``state`` label of ``gpusched_scheduler_jobs_finished_total``
 FINISHED_STATES = ("succeeded", "failed", "cancelled")
 
@@ -156,6 +158,12 @@ class SchedulerMetrics:
             "inputs) to the scheduler handling it, by input",
             ["input"], buckets=_LAG_BUCKETS, registry=r,
         )
+        self.reports_refused = Counter(
+            "gpusched_scheduler_reports_refused",
+            "Node reports dropped, by kind: one claiming another node or job than its "
+            "subject names, or of a run its sender does not lead",
+            ["kind"], registry=r,
+        )
         self.leader = Gauge(
             "gpusched_scheduler_leader", "1 while this instance leads, else 0", registry=r
         )
@@ -183,6 +191,7 @@ class SchedulerMetrics:
         self._pending = {reason: self.pending.labels(reason) for reason in PENDING_REASONS}
         self._lag = {name: self.input_lag.labels(name) for name in INPUTS}
         self._finished = {state: self.jobs_finished.labels(state) for state in FINISHED_STATES}
+        self._refused = {kind: self.reports_refused.labels(kind) for kind in REPORT_KINDS}
 
     # ---- hooks ----------------------------------------------------------------------
     def decided(self, policy: str, seconds: float, decision: Decision, refused: bool) -> None:
@@ -205,6 +214,11 @@ class SchedulerMetrics:
         since the epoch, 0: unknown) is being handled now."""
         if published_at > 0:
             self._lag[kind].observe(max(0.0, time.time() - published_at))
+
+    def report_refused(self, kind: str) -> None:
+        """A node's report of ``kind`` (one of ``REPORT_KINDS``) was dropped: it spoke for
+        another node, or of a run its sender does not lead."""
+        self._refused[kind].inc()
 
     def durable_seen(self, msg: Any) -> None:
         """A message of the jobs stream is being handled: its lag from JetStream's
