@@ -19,7 +19,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.compute_model import (
+    ComputeProfiled,
+    compute_line,
+    platform_of,
+)
 from gpusched.libs.common.embedded import NatsServer, wait_until
+from gpusched.libs.common.predictor_client import PredictorClient
 from gpusched.libs.common.schemas import (
     ComputePoint,
     ComputeProfile,
@@ -30,12 +36,6 @@ from gpusched.libs.common.schemas import (
 from gpusched.libs.core.platform import PlatformModel, fit_link
 from gpusched.libs.core.profiles.builtin import Network, load_builtin
 from gpusched.services.nodeagent.cluster import EmulatedCluster
-from gpusched.services.predictor.client import PredictorClient
-from gpusched.services.predictor.compute_profiles import (
-    ComputeProfiled,
-    compute_line,
-    platform_of,
-)
 from gpusched.services.predictor.config import PredictorConfig
 from gpusched.services.predictor.service import PredictorService
 from gpusched.services.scheduler.live import SchedulerService

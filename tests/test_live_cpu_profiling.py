@@ -13,13 +13,13 @@ from nats.micro.request import ERROR_CODE_HEADER
 
 from gpusched.libs.common import codec, subjects
 from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.cpu_sensitivity import Sensitivity
 from gpusched.libs.common.embedded import NatsServer, wait_until
+from gpusched.libs.common.predictor_client import PredictorClient
 from gpusched.libs.common.schemas import CpuProfile, CpuProfilePoint, CpuProfileRequest, JobState
 from gpusched.services.nodeagent.cluster import EmulatedCluster
 from gpusched.services.nodeagent.cpu_profiling import cpu_counts
-from gpusched.services.predictor.client import PredictorClient
 from gpusched.services.predictor.config import PredictorConfig
-from gpusched.services.predictor.cpu_profiles import Sensitivity
 from gpusched.services.predictor.service import PredictorService
 from gpusched.services.scheduler.live import SchedulerService
 from tests.limits import process_limit_s

@@ -11,9 +11,9 @@ from nats.aio.client import Client
 
 from gpusched.libs.common.bus import Stores
 from gpusched.libs.common.embedded import NatsServer, wait_until
+from gpusched.libs.common.predictor_client import PredictorClient
 from gpusched.libs.common.schemas import JobState, Prediction, RemainingRequest
 from gpusched.services.nodeagent.cluster import EmulatedCluster
-from gpusched.services.predictor.client import PredictorClient
 from gpusched.services.predictor.config import PredictorConfig
 from gpusched.services.predictor.progress import SOURCE_PROGRESS
 from gpusched.services.predictor.service import PredictorService

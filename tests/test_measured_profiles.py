@@ -20,6 +20,7 @@ from gpusched.libs.common.bus import Stores
 from gpusched.libs.common.embedded import NatsServer, wait_until
 from gpusched.libs.common.measured import from_wire, to_wire
 from gpusched.libs.common.natsauth import nodeagent_user
+from gpusched.libs.common.predictor_client import PredictorClient
 from gpusched.libs.common.schemas import (
     CommandReply,
     GpuInfo,
@@ -48,7 +49,6 @@ from gpusched.services.cli.main import app
 from gpusched.services.nodeagent.agent import NodeAgent
 from gpusched.services.nodeagent.cluster import EmulatedCluster
 from gpusched.services.nodeagent.config import NodeAgentConfig
-from gpusched.services.predictor.client import PredictorClient
 from gpusched.services.predictor.config import PredictorConfig
 from gpusched.services.predictor.model import RATIO_BOUNDS, BaselinePredictor
 from gpusched.services.predictor.service import PredictorService

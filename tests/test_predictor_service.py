@@ -16,6 +16,11 @@ from nats.micro.request import ERROR_CODE_HEADER, ERROR_HEADER
 from gpusched.libs.common import codec, subjects
 from gpusched.libs.common.bus import Stores, connection
 from gpusched.libs.common.embedded import NatsServer, wait_until
+from gpusched.libs.common.predictor_client import (
+    PredictorClient,
+    PredictorError,
+    PredictorUnavailable,
+)
 from gpusched.libs.common.schemas import (
     JobProgressEvent,
     JobRecord,
@@ -28,11 +33,6 @@ from gpusched.libs.common.schemas import (
 )
 from gpusched.libs.core.groundtruth import ProfilePerformanceModel
 from gpusched.libs.core.shape import JobShape
-from gpusched.services.predictor.client import (
-    PredictorClient,
-    PredictorError,
-    PredictorUnavailable,
-)
 from gpusched.services.predictor.config import PredictorConfig
 from gpusched.services.predictor.model import Learned
 from gpusched.services.predictor.service import SERVICE_NAME, PredictorService, settle

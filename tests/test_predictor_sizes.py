@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpusched.libs.common import codec, subjects
 from gpusched.libs.common.bus import Stores
 from gpusched.libs.common.embedded import NatsServer, wait_until
+from gpusched.libs.common.predictor_client import PredictorClient
 from gpusched.libs.common.schemas import (
     JobRecord,
     JobState,
@@ -33,7 +34,6 @@ from gpusched.libs.core.jobs import JobSpec as CoreJobSpec
 from gpusched.libs.core.recurring import RecurringConfig, recurring_jobs
 from gpusched.libs.core.size_predictor import SizeRow
 from gpusched.services.admission import AdmissionConfig, AdmissionService
-from gpusched.services.predictor.client import PredictorClient
 from gpusched.services.predictor.config import PredictorConfig
 from gpusched.services.predictor.service import PredictorService
 from gpusched.services.predictor.sizes import (

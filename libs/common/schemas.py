@@ -41,6 +41,8 @@ BatchSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_BATCH_SIZE)]
 IterationCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_ITERATIONS)]
 #: where a job's predicted size comes from (services/predictor/sizes.py)
 PredictionSource = Literal["forest", "declared"]
+#: a size the predictor's forest learned (the scheduler believes it); else ``declared``
+SOURCE_FOREST: PredictionSource = "forest"
 MAX_LEARNING_RATE = 1000.0
 LearningRate = Annotated[float, msgspec.Meta(gt=0, le=MAX_LEARNING_RATE)]
 
@@ -503,7 +505,7 @@ class CpuProfilePoint(msgspec.Struct, frozen=True, array_like=True):
 
 class CpuProfile(msgspec.Struct, frozen=True, kw_only=True):
     """A model's CPU and memory sensitivity as a node measured it with the real worker on
-    one GPU (see services/nodeagent/cpu_profiling.py); services/predictor/cpu_profiles.py
+    one GPU (see services/nodeagent/cpu_profiling.py); libs/common/cpu_sensitivity.py
     derives Synergy's best-case vector and speed-ups from it."""
 
     model: Name

@@ -14,3 +14,13 @@ class JobShape:
     batch_size: int
     gpus: int
     accum_steps: int = 1
+
+
+#: accumulation steps a scheduler may choose from (sub-batch = batch / (gpus * k))
+ACCUM_CHOICES = (1, 2, 4, 8, 16)
+
+
+def accum_steps_choices(batch_size: int, gpus: int) -> tuple[int, ...]:
+    """Accumulation steps that leave every sub-batch at least one sample."""
+    per_gpu = batch_size // gpus
+    return tuple(k for k in ACCUM_CHOICES if per_gpu // k >= 1)

@@ -2,9 +2,10 @@
 
 A job nothing can hold is still accepted (nodes may join later), but its submitter is
 told at once. The rules are the scheduler's (``unschedulable_reason`` in
-services/scheduler/policies/base.py): a job may span nodes, so it needs at most the
-cluster's GPUs in all, and a GPU large enough for its smallest sub-batch (the batch
-split over its GPUs and the most accumulation steps that leave each step a sample).
+services/scheduler/policies/base.py; the accumulation steps in libs/core/shape.py): a
+job may span nodes, so it needs at most the cluster's GPUs in all, and a GPU large
+enough for its smallest sub-batch (the batch split over its GPUs and the most
+accumulation steps that leave each step a sample).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from gpusched.libs.common.schemas import JobSpec, NodeInfo
-from gpusched.services.scheduler.policies.base import ACCUM_CHOICES
+from gpusched.libs.core.shape import accum_steps_choices
 
 #: (model, per-GPU batch) -> MiB of GPU memory one GPU of the job holds
 MemoryOf = Callable[[str, float], float]
@@ -42,7 +43,7 @@ def capacity_warnings(
     biggest = max((gpu.memory_mb for node in nodes for gpu in node.gpus), default=0)
     if memory_mb is None or biggest <= 0:
         return []
-    steps = max(k for k in ACCUM_CHOICES if per_gpu // k >= 1)
+    steps = max(accum_steps_choices(spec.batch_size, spec.gpus))
     smallest = spec.batch_size / (spec.gpus * steps)
     need = memory_mb(spec.model, smallest)
     if need <= biggest:

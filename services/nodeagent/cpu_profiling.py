@@ -19,7 +19,7 @@ Each point is the best of ``rounds`` passes over the counts (a busy machine only
 a run down, so the fastest pass is the closest to the work itself). The result is a
 :class:`~gpusched.libs.common.schemas.CpuProfile`: seconds per sample at each count, cached and
 not, plus what the worker holds besides its cache and what caching the whole data set
-of the default size takes; services/predictor/cpu_profiles.py turns it into Synergy's
+of the default size takes; libs/common/cpu_sensitivity.py turns it into Synergy's
 best-case vector and speed-ups (the memory axis follows from the cache model there).
 
 Profiling shares the node's cores with the runs there, like any job; it is cheap (a

@@ -1,7 +1,7 @@
 """The predictor service: iterations, throughput and co-location slowdown of training
 jobs, from the profiles corrected by what running jobs measured."""
 
-from gpusched.services.predictor.client import (
+from gpusched.libs.common.predictor_client import (
     PredictorClient,
     PredictorClientError,
     PredictorError,

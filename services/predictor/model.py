@@ -21,7 +21,7 @@ What it learns, and from what:
 - **Iterations** of a model: the mean ``total_iterations`` of its completed jobs.
 - **CPU/memory sensitivity** of a model: the last profile a node measured with the real
   worker (:class:`~gpusched.libs.common.schemas.CpuProfile`, see
-  services/predictor/cpu_profiles.py);
+  libs/common/cpu_sensitivity.py);
   where there is one, a request's CPUs and memory per GPU take their speed-up from it
   instead of from the built-in profile.
 
@@ -43,13 +43,13 @@ from typing import TypeVar
 
 import msgspec
 
+from gpusched.libs.common.cpu_sensitivity import Sensitivity
 from gpusched.libs.common.schemas import CpuProfile, JobProgressEvent, Prediction, PredictRequest
 from gpusched.libs.core.measured import MeasuredPerformance
 from gpusched.libs.core.perf import PerformanceModel, UnknownModelError
 from gpusched.libs.core.profiles.measured import GpuProfile
 from gpusched.libs.core.profiles.synergy import SYNERGY_FAIR_CPUS, SYNERGY_FAIR_MEM_GB
 from gpusched.libs.core.shape import JobShape
-from gpusched.services.predictor.cpu_profiles import Sensitivity
 
 __all__ = [
     "DEFAULT_HISTORY_WEIGHT",

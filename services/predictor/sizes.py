@@ -39,6 +39,7 @@ from typing import Any
 import msgspec
 
 from gpusched.libs.common.schemas import (
+    SOURCE_FOREST,
     JobRecord,
     PredictRequest,
     SizeErrorReport,
@@ -59,7 +60,6 @@ MAX_PENDING = 100_000
 SCORE_WINDOW = 10_000
 #: the job label that names its data set
 DATASET_LABEL = "dataset"
-SOURCE_FOREST = "forest"
 
 
 class StoredRow(msgspec.Struct, frozen=True, array_like=True):

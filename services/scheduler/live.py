@@ -33,6 +33,9 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFound
 from gpusched.libs.common import codec, subjects
 from gpusched.libs.common.actor import Actor
 from gpusched.libs.common.bus import Stores, connection
+from gpusched.libs.common.compute_model import with_compute_profile
+from gpusched.libs.common.cpu_sensitivity import Sensitivity
+from gpusched.libs.common.predictor_client import PredictorClient, PredictorClientError
 from gpusched.libs.common.retry import backoff, retry
 from gpusched.libs.common.schemas import (
     CancelRequest,
@@ -67,9 +70,6 @@ from gpusched.libs.core.groundtruth import load_performance_model
 from gpusched.libs.core.perf import PerformanceModel, UnknownModelError
 from gpusched.libs.core.progress import MIN_EPOCHS
 from gpusched.libs.core.snapshot import Snapshot
-from gpusched.services.predictor.client import PredictorClient, PredictorClientError
-from gpusched.services.predictor.compute_profiles import with_compute_profile
-from gpusched.services.predictor.cpu_profiles import Sensitivity
 from gpusched.services.scheduler.config import SchedulerConfig
 from gpusched.services.scheduler.gpu_types import GpuMeasured, GpuTypes
 from gpusched.services.scheduler.lease import LeaderLease

@@ -12,21 +12,20 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpusched.libs.common.schemas import JobRecord, NodeInfo, Placement, Progress
+from gpusched.libs.common.cpu_sensitivity import Sensitivity
+from gpusched.libs.common.schemas import SOURCE_FOREST, JobRecord, NodeInfo, Placement, Progress
 from gpusched.libs.core.cluster import Allocation, Cluster, HostUse, Node
 from gpusched.libs.core.lifecycle import JobState
 from gpusched.libs.core.perf import CpuMemDemand, DelegatingModel, PerformanceModel
 from gpusched.libs.core.size_predictor import OVERRUN_SHARE
 from gpusched.libs.core.snapshot import JobView, Snapshot
-from gpusched.services.predictor.cpu_profiles import Sensitivity
-from gpusched.services.predictor.sizes import SOURCE_FOREST
 from gpusched.services.scheduler.policies.base import Policy
 
 
 class ScaledModel(DelegatingModel):
     """A performance model whose times are in wall seconds of a sped-up cluster, and
     whose CPU/memory sensitivity of a model comes from the profile a node measured where
-    there is one (``measured``, by model; see services/predictor/cpu_profiles.py)."""
+    there is one (``measured``, by model; see libs/common/cpu_sensitivity.py)."""
 
     def __init__(
         self,

@@ -11,10 +11,8 @@ from typing import Protocol
 from gpusched.libs.core.decision import Decision, Start
 from gpusched.libs.core.parallelism import Degrees
 from gpusched.libs.core.placement import FreeGpus
+from gpusched.libs.core.shape import accum_steps_choices
 from gpusched.libs.core.snapshot import JobView, Snapshot
-
-#: accumulation steps a policy may choose from (sub-batch = batch / (gpus * k))
-ACCUM_CHOICES = (1, 2, 4, 8, 16)
 
 SortKey = Callable[[JobView], tuple]
 
@@ -178,8 +176,7 @@ class LazyReasons(Mapping[str, str]):
 
 def accum_choices(job: JobView) -> tuple[int, ...]:
     """Accumulation steps that leave every sub-batch at least one sample."""
-    per_gpu = job.batch_size // job.gpus
-    return tuple(k for k in ACCUM_CHOICES if per_gpu // k >= 1)
+    return accum_steps_choices(job.batch_size, job.gpus)
 
 
 def exclusive_accum(job: JobView, snapshot: Snapshot, gpu_mem_mb: float) -> int | None:
