@@ -39,6 +39,8 @@ from gpusched.libs.common.schemas import (
 )
 from gpusched.services.admission import AdmissionConfig, AdmissionService
 from gpusched.services.admission.ids import idempotent_job_id
+from gpusched.services.scheduler.live import SchedulerService
+from tests.live import fast_scheduler
 
 TOKENS = {"tok-alpha": "alpha", "tok-beta": "beta", "tok-capped": "capped"}
 QUOTAS = {"capped": 4}
@@ -803,15 +805,30 @@ async def test_metrics_count_requests_by_route_and_status(api: Api):
     assert 'gpusched_admission_request_seconds_count{method="POST",route="/v1/jobs"} 2.0' in text
 
 
-async def test_healthz_answers_ok_without_a_token(api: Api):
+@pytest.fixture
+async def leading(nats_server: NatsServer) -> AsyncIterator[SchedulerService]:
+    """A scheduler holding the lease, as GET /healthz wants one."""
+    async with SchedulerService(fast_scheduler(nats_server.url)) as scheduler:
+        await wait_until(lambda: scheduler.is_leader, timeout_s=10)
+        yield scheduler
+
+
+async def test_healthz_answers_ok_without_a_token(api: Api, leading: SchedulerService):
     answer = await api.as_tenant(None).get("/healthz")
 
     assert answer.status == 200
     assert answer.body == {"status": "ok"}
 
 
+async def test_healthz_is_degraded_while_no_scheduler_holds_the_lease(api: Api):
+    answer = await api.as_tenant(None).get("/healthz")
+
+    assert answer.status == 503
+    assert answer.body == {"status": "degraded", "problems": ["no scheduler holds the lease"]}
+
+
 async def test_without_nats_requests_get_503_and_the_service_recovers(
-    api: Api, nats_server: NatsServer, stores: Stores
+    api: Api, nats_server: NatsServer, stores: Stores, leading: SchedulerService
 ):
     before = (await api.submit()).body["id"]
     nats_server.stop()
@@ -868,8 +885,10 @@ async def test_a_submission_the_stream_refuses_is_withdrawn_and_reported_503(
     answer = await api.submit()
 
     assert answer.status == 503
-    assert answer.problem["type"].endswith("nats-unavailable")
+    assert answer.problem["type"].endswith("store-unwritable")
+    assert "nothing was stored" in answer.problem["detail"]
     assert await stored_jobs(stores) == {}
+    assert await stores.live_job_ids() == []
     assert (await api.get("/v1/jobs")).body["jobs"] == []
 
 

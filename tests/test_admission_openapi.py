@@ -27,9 +27,11 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from gpusched.libs.common.embedded import NatsServer
+from gpusched.libs.common.embedded import NatsServer, wait_until
 from gpusched.libs.core.groundtruth import load_performance_model
 from gpusched.services.admission import AdmissionConfig, AdmissionService
+from gpusched.services.scheduler.live import SchedulerService
+from tests.live import fast_scheduler
 from tests.test_admission_api import QUOTAS, TOKENS, Api, spec
 
 AUTH = {"Authorization": "Bearer tok-alpha"}
@@ -91,8 +93,8 @@ def _settings(examples: int = EXAMPLES) -> settings:
 
 
 class RunningService:
-    """The admission service on its own event loop in a thread, so schemathesis' blocking
-    HTTP calls can reach it."""
+    """The admission service, and a scheduler holding the lease, on their own event loop
+    in a thread, so schemathesis' blocking HTTP calls can reach them."""
 
     def __init__(self, nats_url: str) -> None:
         self._config = AdmissionConfig(nats_url=nats_url, port=0, tokens=TOKENS, quotas=QUOTAS)
@@ -107,7 +109,10 @@ class RunningService:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         try:
-            async with AdmissionService(self._config) as service:
+            # a leading scheduler: GET /healthz answers 503 without one
+            async with SchedulerService(fast_scheduler(self._config.nats_url)) as scheduler, \
+                    AdmissionService(self._config) as service:
+                await wait_until(lambda: scheduler.is_leader, timeout_s=30)
                 self.url = service.url
                 self._ready.set()
                 await self._stop.wait()

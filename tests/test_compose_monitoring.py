@@ -227,7 +227,9 @@ def test_a_schedulers_health_check_passes_while_it_is_connected_and_fails_once_n
         nats.stop()
 
 
-def test_admissions_health_check_asks_healthz_which_fails_without_nats(tmp_path: Path):
+def test_admissions_health_check_asks_healthz_which_fails_without_a_scheduler_or_nats(
+    tmp_path: Path,
+):
     service = services()["admission"]
     nats = NatsServer(store_dir=tmp_path / "nats").start()
     port = free_port()
@@ -239,7 +241,17 @@ def test_admissions_health_check_asks_healthz_which_fails_without_nats(tmp_path:
     process = subprocess.Popen([sys.executable, "-m", "gpusched.services.cli.main", "service",
                                 "admission"], cwd=tmp_path, env=env, text=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    scheduler: subprocess.Popen[str] | None = None
     try:
+        # connected, but no scheduler leads: degraded
+        _wait(lambda: "503" in _check(command, env).stderr, "degraded check", START_LIMIT_S,
+              process)  # fmt: skip
+        scheduler = subprocess.Popen(
+            [sys.executable, "-m", "gpusched.services.cli.main", "service", "scheduler"],
+            cwd=tmp_path, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            env={**env, "GPUSCHED_POLICY": "fifo",
+                 "GPUSCHED_HEALTH_FILE": str(tmp_path / "scheduler-health")},
+        )  # fmt: skip
         _wait(lambda: _check(command, env).returncode == 0, "healthy check", START_LIMIT_S,
               process)  # fmt: skip
         nats.stop()
@@ -247,8 +259,10 @@ def test_admissions_health_check_asks_healthz_which_fails_without_nats(tmp_path:
               process)  # fmt: skip
         assert "503" in _check(command, env).stderr
     finally:
-        process.terminate()
-        process.communicate(timeout=60)
+        for running in (process, scheduler):
+            if running is not None:
+                running.terminate()
+                running.communicate(timeout=60)
         nats.stop()
 
 

@@ -1,15 +1,22 @@
 """`gpusched up` on a three-server JetStream cluster: streams and buckets kept on every
-server, and a server killed (SIGKILL) while jobs are submitted and run loses nothing."""
+server, and a server killed (SIGKILL) while jobs are submitted and run loses nothing.
+
+The server is killed at a chosen moment, not a lucky one: the leader of the job records'
+stream, as the scheduler writes the record that starts a job, once some jobs were
+accepted. A write that dies with its server times out; the job it was starting must
+still run."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import aiohttp
 
-from gpusched.libs.common import subjects
+from gpusched.libs.common import codec, subjects
 from gpusched.libs.common.bus import connection
 from gpusched.libs.common.embedded import NatsServer, wait_until
+from gpusched.libs.common.schemas import JobRecord, JobState
 from gpusched.services.cli.up import LocalCluster, UpConfig
 
 JOBS = 24
@@ -61,21 +68,33 @@ async def test_a_three_server_nats_cluster_loses_no_job_when_one_server_is_kille
                                              subjects.LEASE_BUCKET, subjects.LIVE_BUCKET))]
             infos = {s: await js.stream_info(s) for s in streams}
         assert {s: i.config.num_replicas for s, i in infos.items()} == dict.fromkeys(streams, 3)
-        leader = infos[subjects.JOBS_STREAM].cluster.leader
+        # the leader of the job records' stream: the start's write goes to it
+        leader = infos[f"KV_{subjects.JOBS_BUCKET}"].cluster.leader
         victim: NatsServer = next(s for s in cluster.nats_cluster.servers
                                   if s.server_name == leader)
 
         accepted: list[str] = []
+        killed: list[str] = []
+        assert cluster.scheduler is not None and cluster.scheduler.stores is not None
+        jobs = cluster.scheduler.stores.jobs
+        write = jobs.update
+
+        async def killing_under_a_start(key: str, value: bytes, **kwargs: Any) -> int:
+            record = codec.decode(value, JobRecord)
+            starts = record.state is JobState.QUEUED and bool(record.placement)
+            if starts and not killed and len(accepted) >= KILL_AFTER:
+                killed.append(key)
+                victim.kill()  # mid-stream of submissions, under the start's write
+            revision: int = await write(key, value, **kwargs)
+            return revision
+
+        jobs.update = killing_under_a_start  # type: ignore[method-assign]
 
         async def submit_all() -> None:
             for n in range(JOBS):
                 accepted.append(await submit(session, cluster.url, n))
 
-        submitting = asyncio.create_task(submit_all())
-        await wait_until(lambda: len(accepted) >= KILL_AFTER or submitting.done(),
-                         timeout_s=DEADLINE_S)
-        victim.kill()  # the leader of the jobs stream, mid-stream of submissions
-        await asyncio.wait_for(submitting, DEADLINE_S)
+        await asyncio.wait_for(submit_all(), DEADLINE_S)
         assert len(set(accepted)) == JOBS
 
         async def states() -> dict[str, str]:
@@ -96,6 +115,7 @@ async def test_a_three_server_nats_cluster_loses_no_job_when_one_server_is_kille
             await wait_until(all_succeeded, timeout_s=DEADLINE_S, every_s=0.5)
         except TimeoutError:
             raise AssertionError(f"not all jobs succeeded: {await states()}") from None
+        assert killed, "no start was written after the first jobs were accepted"
 
         async with session.get(f"{cluster.url}/v1/jobs", params={"limit": "1000"}) as response:
             listed = [j["id"] for j in (await response.json())["jobs"]]

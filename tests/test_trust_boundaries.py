@@ -205,7 +205,7 @@ async def test_an_idle_connection_is_closed_after_the_configured_keepalive(
         # one connection asks once and then idles; the other never says anything
         served = await asyncio.open_connection(host, int(port))
         silent = await asyncio.open_connection(host, int(port))
-        served[1].write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        served[1].write(b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n")
         opened = time.monotonic()
 
         async def until_closed(reader: asyncio.StreamReader) -> bytes:

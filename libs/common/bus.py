@@ -282,21 +282,41 @@ class Stores:
         """Enter a job into the live index (before its record exists is fine)."""
         await self.live.put(job_id, codec.encode(time.time()))
 
-    async def unmark_live(self, job_id: str) -> None:
-        """Take a finished job out of the live index. The key's messages are purged from
-        the bucket's stream rather than deleted, so no delete marker stays behind for
-        every job that ever ran."""
+    async def unmark_live(self, job_id: str, revision: int | None = None) -> None:
+        """Take a job out of the live index. The key's messages are purged from the
+        bucket's stream rather than deleted, so no delete marker stays behind for every
+        job that ever ran (and a purge needs no room in a full store). With ``revision``
+        only that entry and older ones go: the job entered again since (a retried
+        submission) stays in the index."""
         await self.js.purge_stream(
-            f"KV_{subjects.LIVE_BUCKET}", subject=f"$KV.{subjects.LIVE_BUCKET}.{job_id}"
+            f"KV_{subjects.LIVE_BUCKET}", subject=f"$KV.{subjects.LIVE_BUCKET}.{job_id}",
+            seq=revision + 1 if revision else None,
         )
 
-    async def live_marked_at(self, job_id: str) -> float | None:
-        """When the job entered the live index; None when it is not there."""
+    async def live_mark(self, job_id: str) -> tuple[float, int] | None:
+        """When the job entered the live index and that entry's revision; None when it
+        is not there."""
         try:
             entry = await self.live.get(job_id)
         except KeyNotFoundError:
             return None
-        return codec.decode(entry.value, float) if entry.value else None
+        if not entry.value or entry.revision is None:
+            return None
+        return codec.decode(entry.value, float), entry.revision
+
+    async def live_marked_at(self, job_id: str) -> float | None:
+        """When the job entered the live index; None when it is not there."""
+        mark = await self.live_mark(job_id)
+        return None if mark is None else mark[0]
+
+    async def purge_job(self, job_id: str, revision: int) -> None:
+        """Remove a job record of ``revision`` (or older) without writing anything: a
+        KV delete writes a marker, which a full store refuses; a purge needs no room. A
+        later revision (another writer's) stays."""
+        await self.js.purge_stream(
+            f"KV_{subjects.JOBS_BUCKET}", subject=f"$KV.{subjects.JOBS_BUCKET}.{job_id}",
+            seq=revision + 1,
+        )
 
     async def live_index_complete(self) -> bool:
         return await self.live_marked_at(subjects.LIVE_INDEX_COMPLETE_KEY) is not None

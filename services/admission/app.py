@@ -41,6 +41,7 @@ from gpusched.services.admission.leader import leader_status
 from gpusched.services.admission.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gpusched.services.admission.metrics import UNMATCHED_ROUTE, Metrics
 from gpusched.services.admission.openapi import build_openapi
+from gpusched.services.admission.probe import StoreProbe, leader_problem, store_error
 from gpusched.services.admission.problems import ProblemError
 from gpusched.services.admission.quota import QuotaExceeded, Quotas
 from gpusched.services.admission.quota import open_bucket as open_quota_bucket
@@ -81,6 +82,12 @@ EVENT_STREAM_HEADERS = {
 }
 
 TENANT = web.RequestKey("tenant", str)
+#: JetStream's error codes for a store out of room (its limit, or its disk) and for a
+#: compare-and-set that found a later revision
+INSUFFICIENT_RESOURCES = 10023
+WRONG_LAST_SEQUENCE = 10071
+#: when to try again after the store refused a write: a full disk takes a while to free
+STORE_RETRY_AFTER = "5"
 #: the status (nginx's) of a request whose client closed its connection before the
 #: answer; it never reaches the client, which is gone
 CLIENT_CLOSED_REQUEST = 499
@@ -144,6 +151,8 @@ class AdmissionApi:
         self.node_mirror = KvMirror(nc, stores.nodes, self.nodes.apply, "nodes")
         #: the shared quota ledgers, opened when the app starts
         self._quotas: Quotas | None = None
+        #: whether the store takes writes (GET /healthz), on the quota bucket
+        self._probe: StoreProbe | None = None
         self._streams: set[asyncio.Queue[tuple[str, bytes]]] = set()
         self._openapi = _json.encode(build_openapi(self.models))
 
@@ -238,7 +247,10 @@ class AdmissionApi:
             response = self._http_problem(request, exc)
         except (nats.errors.Error, TimeoutError) as exc:
             log.warning("nats unavailable", path=request.path, error=repr(exc))
-            unavailable = _unavailable()
+            unavailable = (
+                _store_failed(exc, "nothing was changed, try again")
+                if self.nc.is_connected else _unavailable()
+            )
             response = problems.response(unavailable.problem(request.path), unavailable.headers)
         except Exception as exc:
             if isinstance(exc, ConnectionResetError) and _client_gone(request):
@@ -376,16 +388,19 @@ class AdmissionApi:
                     # the job this key created holds the reservation while it runs
                     owned = owned and stored.state.terminal
                     return await self._replay(stored, tenant, spec)
+                except (nats.errors.Error, TimeoutError) as exc:
+                    # refused (a full store, a timeout): nothing of it may stay, its
+                    # index entry, or a record a create that got no answer stored
+                    owned = await self._withdraw(job_id, None, data)
+                    raise self._refused(job_id, "record not stored", exc, owned) from None
                 self.jobs.apply(revision, job_id, data)
                 try:
                     await self._publish_submitted(record)
                 except (nats.errors.Error, TimeoutError) as exc:
                     # a record that could not be withdrawn keeps its reservation: the
                     # scheduler adopts it, or reconciliation frees it once it is gone
-                    owned = await self._withdraw(job_id, revision)
-                    log.warning("submission not published", job_id=job_id,
-                                record_withdrawn=owned, error=repr(exc))
-                    raise _unavailable() from None
+                    owned = await self._withdraw(job_id, revision, data)
+                    raise self._refused(job_id, "submission not published", exc, owned) from None
                 owned = False
                 break
             finally:
@@ -463,18 +478,57 @@ class AdmissionApi:
             headers=codec.headers({"Nats-Msg-Id": record.id}),
         )
 
-    async def _withdraw(self, job_id: str, revision: int) -> bool:
-        """Deletes a record whose submission could not be published, so a failed request
-        leaves nothing behind (unless NATS is gone for the delete too). True when it is
-        gone."""
+    async def _withdraw(self, job_id: str, revision: int | None, data: bytes) -> bool:
+        """Removes what a refused submission stored, so a failed request leaves nothing
+        behind: its record (of ``revision``; after a create that got no answer, the one
+        holding exactly ``data``, if any) and its entry in the index of unfinished
+        jobs. True when no record of it is left; the entry of a record that stays
+        stays too, so the scheduler adopts it."""
         try:
-            deleted = await self.stores.jobs.delete(job_id, last=revision)
+            if revision is None:
+                try:
+                    entry = await self.stores.jobs.get(job_id)
+                except (KeyNotFoundError, KeyDeletedError):
+                    entry = None
+                if entry is not None and entry.value != data:
+                    return False  # another request's record under this Idempotency-Key
+                revision = entry.revision if entry is not None else None
+            if revision is not None and not await self._remove_record(job_id, revision):
+                return False
         except Exception as exc:
-            log.error("could not withdraw an unpublished job", job_id=job_id, error=repr(exc))
+            log.error("could not withdraw a refused job", job_id=job_id, error=repr(exc))
             return False
-        if deleted:
-            self.jobs.apply(revision + 1, job_id, None)
-        return bool(deleted)
+        try:
+            await self.stores.unmark_live(job_id)
+        except Exception as exc:  # the scheduler drops an entry without a record later
+            log.warning("refused job left in the index of unfinished jobs", job_id=job_id,
+                        error=repr(exc))
+        return True
+
+    async def _remove_record(self, job_id: str, revision: int) -> bool:
+        """Deletes the record of ``revision``; where the store takes no delete marker (it
+        is full), purges it, which needs no room. False when a later revision (the
+        scheduler's) stays."""
+        try:
+            await self.stores.jobs.delete(job_id, last=revision)
+        except (nats.errors.Error, TimeoutError) as exc:
+            if getattr(exc, "err_code", None) == WRONG_LAST_SEQUENCE:
+                return False
+            log.warning("record not deleted; purging it", job_id=job_id, error=repr(exc))
+            await self.stores.purge_job(job_id, revision)
+            if await self._stored(job_id):
+                return False
+        self.jobs.apply(revision + 1, job_id, None)
+        return True
+
+    def _refused(
+        self, job_id: str, what: str, exc: Exception, withdrawn: bool
+    ) -> ProblemError:
+        log.warning(what, job_id=job_id, record_withdrawn=withdrawn, error=repr(exc))
+        if not self.nc.is_connected:
+            return _unavailable()
+        return _store_failed(exc, "nothing was stored, try again" if withdrawn else
+                             "the job may be stored: retry with the same Idempotency-Key")
 
     # ------------------------------------------------------------------ read and cancel
 
@@ -697,8 +751,18 @@ class AdmissionApi:
         return _json_response(report)
 
     async def health(self, request: web.Request) -> web.Response:
+        """200 while the cluster can take and schedule jobs; 503 with what stops it:
+        NATS unreachable (a problem), or the store takes no writes or no scheduler leads
+        (``status`` degraded, the reasons in ``problems``)."""
         if not self.nc.is_connected:
             raise _unavailable()
+        if self._probe is None:
+            self._probe = StoreProbe(self.quotas.kv)
+        found = await asyncio.gather(self._probe.problem(), leader_problem(self.stores.lease))
+        reasons = [problem for problem in found if problem]
+        if reasons:
+            return _json_response(Health(status="degraded", problems=reasons), 503,
+                                  {hdrs.RETRY_AFTER: STORE_RETRY_AFTER})
         return _json_response(Health(status="ok"))
 
     async def prometheus(self, request: web.Request) -> web.Response:
@@ -731,6 +795,22 @@ def _priority_refused(policy: str) -> ProblemError:
         "every job's size); submit with priority 0 or run a policy that orders by it",
         field="priority",
     )
+
+
+def _store_failed(exc: Exception, outcome: str) -> ProblemError:
+    """The 503 of a NATS call that failed while connected: the store is full, did not
+    answer, or refused the write; ``outcome`` says what became of the request."""
+    if getattr(exc, "err_code", None) == INSUFFICIENT_RESOURCES:
+        kind, why = "store-full", "the job store is full (JetStream: insufficient resources)"
+    elif isinstance(exc, TimeoutError):
+        kind, why = "store-unavailable", (
+            "the job store did not answer in time (its disk may be full, or a NATS server "
+            "down)"
+        )
+    else:
+        kind, why = "store-unwritable", f"the job store refused the write ({store_error(exc)})"
+    return ProblemError(503, kind, f"{why}; {outcome}",
+                        headers={hdrs.RETRY_AFTER: STORE_RETRY_AFTER})
 
 
 def _check_deadline(spec: JobSpec, at: float) -> None:

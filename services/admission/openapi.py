@@ -61,9 +61,13 @@ _UNAUTHORIZED = _problem(
     WWW_Authenticate={"schema": {"type": "string", "const": 'Bearer realm="gpusched"'}},
 )
 _NOT_FOUND = _problem("No such job for this tenant")
+#: Retry-After: 1 while NATS is not reachable, 5 while the store takes no writes
+_RETRY_AFTER = {"schema": {"type": "string", "enum": ["1", "5"]}}
 _UNAVAILABLE = _problem(
-    "NATS is not reachable; nothing was written",
-    Retry_After={"schema": {"type": "string", "const": "1"}},
+    "NATS is not reachable (nats-unavailable), or the store did not take the write: full "
+    "(store-full), no answer (store-unavailable), refused (store-unwritable); the detail "
+    "says whether anything was stored",
+    Retry_After=_RETRY_AFTER,
 )
 _LOCATION = {
     "Location": {
@@ -346,12 +350,24 @@ def build_openapi(models: Iterable[str] = (), version: str = "0.1.0") -> dict[st
             },
             "/healthz": {
                 "get": {
-                    "summary": "Liveness: 200 while connected to NATS",
+                    "summary": "Health: 200 while the cluster can take and schedule jobs",
                     "operationId": "health",
                     "security": [],
                     "responses": {
-                        "200": _json("Connected", _ref("Health")),
-                        "503": _UNAVAILABLE,
+                        "200": _json("Connected, the store takes writes, a scheduler leads",
+                                     _ref("Health")),
+                        "503": {
+                            "description": (
+                                "NATS is not reachable (a problem), or degraded: the store "
+                                "takes no writes or no scheduler leads (a Health with its "
+                                "problems)"
+                            ),
+                            "content": {
+                                **_UNAVAILABLE["content"],
+                                **_json("", _ref("Health"))["content"],
+                            },
+                            "headers": _UNAVAILABLE["headers"],
+                        },
                     },
                 }
             },

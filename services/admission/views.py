@@ -115,5 +115,9 @@ class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
     totals: ClusterTotals
 
 
-class Health(msgspec.Struct, frozen=True):
+class Health(msgspec.Struct, frozen=True, omit_defaults=True):
+    #: "ok", or "degraded" (with a 503) while one of ``problems`` holds
     status: str
+    #: why the cluster cannot take or schedule jobs now: the store does not take
+    #: writes, no scheduler leads
+    problems: list[str] = []

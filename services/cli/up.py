@@ -19,7 +19,7 @@ from nats.js.errors import KeyNotFoundError
 
 from gpusched.libs.common import codec
 from gpusched.libs.common.bus import Stores, connection
-from gpusched.libs.common.embedded import NatsCluster, NatsServer
+from gpusched.libs.common.embedded import NatsCluster, NatsServer, watching_stores
 from gpusched.libs.common.natsauth import Credentials, nodeagent_user, write_private
 from gpusched.libs.common.schemas import JobRecord
 from gpusched.services.admission.app import API
@@ -323,6 +323,8 @@ class LocalCluster:
             ).start()
             self._stack.callback(self.nats.close)
             servers = [self.nats]
+        # a server whose store write failed (a full disk) restarts once there is room
+        await self._stack.enter_async_context(watching_stores(servers))
         self.nats_url = ",".join(s.url for s in servers)
         if self.credentials is not None:
             joins.publish(self.credentials, servers, self.public_nats_url)

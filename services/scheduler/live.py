@@ -95,6 +95,12 @@ SCHEDULER_VERSION = "0.1.0"
 RESCAN_S = 30.0
 #: a live-index entry without a record after this long is one of a submit that failed
 ORPHAN_INDEX_S = 120.0
+#: a stored input whose handling failed comes back after this long, doubled per
+#: delivery up to REDELIVER_MAX_S
+REDELIVER_S = 0.5
+REDELIVER_MAX_S = 10.0
+#: how soon a record that could not be read back is asked for again
+RESYNC_RETRY_S = 1.0
 
 
 class RecordConflict(Exception):
@@ -104,6 +110,16 @@ class RecordConflict(Exception):
     def __init__(self, job_id: str) -> None:
         super().__init__(f"job {job_id}: record changed by another writer")
         self.job_id = job_id
+
+
+class RecordUnsure(RecordConflict):
+    """A write of a job record failed without a verdict (a timeout, a store that cannot
+    write): it may be stored or not. The job is read back as after a conflict, so no
+    step of it is left half taken (a start whose record was not written)."""
+
+    def __init__(self, job_id: str, error: Exception) -> None:
+        super().__init__(job_id)
+        self.args = (f"job {job_id}: record write failed: {error!r}",)
 
 
 class Liveness:
@@ -175,6 +191,13 @@ class Rescan:
 
 
 @dataclass(frozen=True)
+class Resync:
+    """Read a job's record back (a write of it failed, or its reading did)."""
+
+    job_id: str
+
+
+@dataclass(frozen=True)
 class StartResult:
     job_id: str
     run_id: int
@@ -224,8 +247,8 @@ class StopFailed:
 
 
 Message = (
-    Durable | Beat | ProgressSeen | Round | Sweep | Rescan | StartResult | StopFailed
-    | Estimated | Measured | RemainingPredicted | ComputeMeasured | GpuMeasured
+    Durable | Beat | ProgressSeen | Round | Sweep | Rescan | Resync | StartResult
+    | StopFailed | Estimated | Measured | RemainingPredicted | ComputeMeasured | GpuMeasured
 )
 
 
@@ -273,6 +296,14 @@ class LiveScheduler(Actor[Message]):
         #: how long heartbeats waited before this actor saw them (its input lag)
         self.beat_lag_s: collections.deque[float] = collections.deque(maxlen=10_000)
         self.decide_ms: collections.deque[float] = collections.deque(maxlen=10_000)
+        #: the lease is lost: what waits in the inbox is no longer handled (``depose``)
+        self.deposed = False
+
+    def depose(self) -> None:
+        """No longer the leader: queued messages are not handled from now on (stored
+        inputs go back to their stream for the next leader), so leaving does not wait on
+        a backlog of writes, each of which may take a whole NATS timeout to fail."""
+        self.deposed = True
 
     # ---- lifecycle ------------------------------------------------------------------
     async def on_start(self) -> None:
@@ -322,7 +353,7 @@ class LiveScheduler(Actor[Message]):
     async def _rescan(self) -> None:
         """Adopt indexed jobs whose submission message never came (a crash between the
         writes of a submit), and drop index entries of finished jobs or of records never
-        written."""
+        written. A job that cannot be read now is left to the next rescan."""
         try:
             keys = await self.stores.live_job_ids()
         except Exception as exc:
@@ -331,22 +362,34 @@ class LiveScheduler(Actor[Message]):
         for key in keys:
             if key in self.jobs:
                 continue
-            if key in self.settled:
-                await self._unmark_live(key)
-                continue
-            stored = await self._read(key)
-            if stored is None:
-                marked = await self.stores.live_marked_at(key)
-                if marked is not None and time.time() - marked > ORPHAN_INDEX_S:
-                    await self._unmark_live(key)
-                continue
-            if await self._take(key, *stored) is not None:
-                self.log.info("adopted a job without a submission message", job_id=key)
-                self._request_round()
+            try:
+                await self._rescan_one(key)
+            except RecordConflict as conflict:
+                self.tell(Resync(conflict.job_id))
+            except Exception as exc:
+                self.log.warning("rescan could not read a job; the next one tries again",
+                                 job_id=key, error=repr(exc))
 
-    async def _unmark_live(self, job_id: str) -> None:
+    async def _rescan_one(self, key: str) -> None:
+        if key in self.settled:
+            await self._unmark_live(key)
+            return
+        # the entry before the record: a submission retried after this read enters
+        # the job again (a later revision) before it writes the record
+        mark = await self.stores.live_mark(key)
+        stored = await self._read(key)
+        if stored is None:
+            if mark is not None and time.time() - mark[0] > ORPHAN_INDEX_S:
+                # only the entry read: one made since by a retried submission stays
+                await self._unmark_live(key, mark[1])
+            return
+        if await self._take(key, *stored) is not None:
+            self.log.info("adopted a job without a submission message", job_id=key)
+            self._request_round()
+
+    async def _unmark_live(self, job_id: str, revision: int | None = None) -> None:
         try:
-            await self.stores.unmark_live(job_id)
+            await self.stores.unmark_live(job_id, revision)
         except Exception as exc:  # the next rescan tries again
             self.log.debug("could not unmark a finished job", job_id=job_id, error=str(exc))
 
@@ -477,14 +520,21 @@ class LiveScheduler(Actor[Message]):
 
     # ---- dispatch -------------------------------------------------------------------
     async def handle(self, message: Message) -> None:
+        if self.deposed:
+            await _redeliver(message, first_s=0.0)
+            return
         try:
             await self._handle(message)
         except RecordConflict as conflict:
-            await self._resync(conflict.job_id)
-            if isinstance(message, Durable):
-                # handled against a record that was not the latest: handle it again later
-                with contextlib.suppress(Exception):
-                    await message.msg.nak(delay=0.5)
+            # handled against a record that was not the latest, or one whose write
+            # failed: a stored input is handled again later, from the stored record
+            await _redeliver(message)
+            await self._resync(conflict.job_id, str(conflict))
+        except Exception:
+            # a NATS call failed (a timeout, a store that cannot write): a stored input
+            # is handled again later, never dropped
+            await _redeliver(message)
+            raise
 
     async def _handle(self, message: Message) -> None:
         match message:
@@ -505,6 +555,8 @@ class LiveScheduler(Actor[Message]):
                 await self._sweep()
             case Rescan():
                 await self._rescan()
+            case Resync(job_id):
+                await self._resync(job_id, "reading it back again")
             case StartResult():
                 await self._start_result(message)
             case Estimated(job_id, batch_size, gpus, iteration_s):
@@ -605,18 +657,45 @@ class LiveScheduler(Actor[Message]):
             job.revision = await self.stores.jobs.update(job.id, data, last=job.revision)
         except KeyWrongLastSequenceError:
             raise RecordConflict(job.id) from None
+        except Exception as exc:
+            # a timeout may have stored it or not: ``_resync`` reads what is stored
+            raise RecordUnsure(job.id, exc) from exc
         job.record = record
 
-    async def _resync(self, job_id: str) -> None:
-        """Forget our picture of a job whose record another writer changed and take the
-        stored one instead: it is newer than anything we know."""
-        self.log.warning("record changed by another writer; reading it back", job_id=job_id)
+    async def _write_partner(self, partner: LiveJob, record: JobRecord) -> None:
+        """A write of another job's record on the way: its failure is that job's, read
+        back after this message, and does not stop the step under way."""
+        try:
+            await self._write(partner, record)
+        except RecordConflict as failed:
+            self.log.warning("partner record not written", job_id=partner.id, error=str(failed))
+            self.tell(Resync(partner.id))
+
+    async def _resync(self, job_id: str, why: str) -> None:
+        """Forget our picture of a job whose record another writer changed, or whose
+        write failed, and take the stored one instead: it is newer than anything we
+        know. Until the record can be read the picture stays (forgetting the job would
+        free GPUs it may hold) and a ``Resync`` asks again."""
+        self.log.warning("reading a job's record back", job_id=job_id, why=why)
+        try:
+            stored = await self._read(job_id)
+        except Exception as exc:
+            self.log.warning("record not read back; trying again", job_id=job_id,
+                             error=repr(exc))
+            self._later(RESYNC_RETRY_S, Resync(job_id))
+            return
         self.jobs.pop(job_id, None)
         self.settled.discard(job_id)
-        stored = await self._read(job_id)
         if stored is not None:
             await self._take(job_id, *stored)
         self._request_round()
+
+    def _later(self, delay_s: float, message: Message) -> None:
+        async def tell() -> None:
+            await asyncio.sleep(delay_s)
+            self.tell(message)
+
+        self.spawn(tell())
 
     async def _transition(
         self, job: LiveJob, state: JobState, reason: str, **changes: Any
@@ -653,7 +732,7 @@ class LiveScheduler(Actor[Message]):
             partner = self.jobs.get(partner_id)
             if partner is not None and job.id not in partner.record.shares_with:
                 shares = [*partner.record.shares_with, job.id]
-                await self._write(partner, replace(partner.record, shares_with=shares))
+                await self._write_partner(partner, replace(partner.record, shares_with=shares))
 
     async def _unshare(self, job: LiveJob) -> None:
         """A job leaving its GPUs leaves its partners' ``shares_with``."""
@@ -661,7 +740,7 @@ class LiveScheduler(Actor[Message]):
             partner = self.jobs.get(partner_id)
             if partner is not None and job.id in partner.record.shares_with:
                 shares = [p for p in partner.record.shares_with if p != job.id]
-                await self._write(partner, replace(partner.record, shares_with=shares))
+                await self._write_partner(partner, replace(partner.record, shares_with=shares))
 
     async def _finish(self, job: LiveJob, state: JobState, reason: str, **changes: Any) -> None:
         job.settle_service(time.time())
@@ -1329,7 +1408,9 @@ class SchedulerService:
 
     @property
     def is_leader(self) -> bool:
-        return self.scheduler is not None
+        """Holds the lease and its scheduler runs (one whose start failed does not)."""
+        live = self.scheduler
+        return live is not None and live.running and not live.deposed
 
     async def __aenter__(self) -> SchedulerService:
         self.nc = await self._stack.enter_async_context(
@@ -1358,7 +1439,7 @@ class SchedulerService:
         return {
             "instance": self.config.instance,
             "policy": self.config.policy,
-            "leader": live is not None,
+            "leader": self.is_leader,
             "jobs": len(live.jobs) if live else None,
             "nodes": len(live.nodes) if live else None,
             "rounds": live.rounds if live else None,
@@ -1376,22 +1457,42 @@ class SchedulerService:
         await self._stack.aclose()
 
     async def _run(self) -> None:
+        """Campaign for the lease for as long as the service runs: lead while it is
+        held, and after it is lost, or leading failed, try again."""
         assert self._lease is not None
         try:
             while True:
-                if await self._lease.try_acquire():
-                    async with self._leading():
-                        while True:
-                            await asyncio.sleep(self.config.lease_renew_s)
-                            if not await self._lease.renew():
-                                break
-                else:
-                    await asyncio.sleep(self.config.lease_renew_s / 2)
+                try:
+                    if await self._lease.try_acquire():
+                        await self._lead()
+                        continue
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    self.log.exception("leading failed; campaigning again")
+                    await self._lease.release()
+                await asyncio.sleep(self.config.lease_renew_s / 2)
         finally:
             await self._lease.release()
 
+    async def _lead(self) -> None:
+        assert self._lease is not None
+        async with self._leading() as scheduler:
+            while True:
+                await asyncio.sleep(self.config.lease_renew_s)
+                if not scheduler.running:
+                    # its start failed (a NATS timeout reading the jobs): holding the
+                    # lease would leave the cluster with a leader that never decides
+                    self.log.error("the scheduler stopped; giving up the lease")
+                    break
+                if not await self._lease.renew():
+                    scheduler.depose()
+                    break
+        # given up while held (not lost): a standby, or this instance, takes over now
+        await self._lease.release()
+
     @contextlib.asynccontextmanager
-    async def _leading(self) -> AsyncIterator[None]:
+    async def _leading(self) -> AsyncIterator[LiveScheduler]:
         assert self.nc is not None and self.stores is not None
         scheduler = LiveScheduler(self.config, self.nc, self.stores, self.metrics)
         async with contextlib.AsyncExitStack() as stack:
@@ -1432,7 +1533,7 @@ class SchedulerService:
             self.scheduler = scheduler
             self.metrics.leading(True)
             try:
-                yield
+                yield scheduler
             finally:
                 self.scheduler = None
                 self.metrics.leading(False)
@@ -1559,3 +1660,16 @@ def _is_id(text: str) -> bool:
 async def _unsubscribe(sub: Any) -> None:
     with contextlib.suppress(Exception):
         await sub.unsubscribe()
+
+
+async def _redeliver(message: Message, first_s: float = REDELIVER_S) -> None:
+    """A stored input that was not handled goes back to its stream: it comes again after
+    ``first_s``, doubled per delivery up to REDELIVER_MAX_S, so one that keeps failing
+    (a store that cannot write) does not spin. Anything else is dropped: it is not
+    durable, or comes again by itself (rounds, sweeps)."""
+    if not isinstance(message, Durable):
+        return
+    with contextlib.suppress(Exception):
+        metadata = message.msg.metadata
+        delay = min(first_s * 2 ** max(metadata.num_delivered - 1, 0), REDELIVER_MAX_S)
+        await message.msg.nak(delay=delay or None)
