@@ -4,6 +4,8 @@ talk only over NATS, so none imports another's code."""
 from __future__ import annotations
 
 import ast
+import functools
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -73,6 +75,99 @@ def test_no_service_imports_another_service(service: str):
         if name.startswith("gpusched.services.") and not (name == own or name.startswith(own + "."))
     ]
     assert not breaches, breaches
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(("gpusched", *(parts[:-1] if parts[-1] == "__init__" else parts)))
+
+
+def runtime_imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The imports a module runs, at its top or in a function: not those under ``if
+    TYPE_CHECKING:``, which only a type checker reads."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+            yield from (n for orelse in node.orelse for n in runtime_imports(orelse))
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        yield from runtime_imports(node)
+
+
+@functools.cache
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of the project it imports when it runs. ``from p import x``
+    imports the module p.x where there is one, else p (a name p defines)."""
+    files = {
+        module_name(path): path
+        for folder in ("libs", "services")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+    }
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        targets: set[str] = set()
+        for node in runtime_imports(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names if alias.name in files)
+            elif node.module and node.level == 0:
+                for alias in node.names:
+                    inner = f"{node.module}.{alias.name}"
+                    targets.add(inner if inner in files else node.module)
+        graph[name] = (targets & files.keys()) - {name}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The modules that import each other, directly or through others (the strongly
+    connected components of more than one module, by Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph[module]):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while (member := stack.pop()) != module:
+                component.append(member)
+            if component:
+                circles.append(sorted([module, *component]))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return circles
+
+
+#: libs/core, libs/common, libs/sdk and each service
+PACKAGES = [*sorted(FORBIDDEN), *(f"services/{service}" for service in SERVICES)]
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_circle_within_a_package(package: str):
+    """Two modules that import each other (at once or inside a function) are one
+    concept split in two, or a third concept both need; move it into a module both
+    import. Imports only a type checker runs (``if TYPE_CHECKING:``) do not count."""
+    prefix = "gpusched." + package.replace("/", ".")
+    circles = [
+        circle
+        for circle in import_circles(import_graph())
+        if all(module == prefix or module.startswith(prefix + ".") for module in circle)
+    ]
+    assert not circles, circles
+
+
+def test_the_circle_finder_finds_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_circles(graph) == [["a", "b", "c"]]
 
 
 def test_every_import_of_the_project_uses_its_installed_name():

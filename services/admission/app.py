@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any
 
 import msgspec
 import nats.errors
@@ -36,6 +35,19 @@ from gpusched.services.admission import params, problems, quota
 from gpusched.services.admission.auth import Authenticator
 from gpusched.services.admission.capacity import MemoryOf, capacity_warnings
 from gpusched.services.admission.config import OPEN_TENANT, AdmissionConfig
+from gpusched.services.admission.dashboard import Dashboard
+from gpusched.services.admission.http import (
+    EVENT_STREAM_HEADERS,
+    KEEPALIVE_S,
+    MAX_BUFFERED_PROGRESS,
+    PUBLIC_ROUTES,
+    TENANT,
+)
+from gpusched.services.admission.http import STOP_STREAM as _STOP_STREAM
+from gpusched.services.admission.http import decode_event as _decode
+from gpusched.services.admission.http import json_response as _json_response
+from gpusched.services.admission.http import send_event as _send
+from gpusched.services.admission.http import unavailable as _unavailable
 from gpusched.services.admission.ids import idempotent_job_id, is_job_id, new_job_id
 from gpusched.services.admission.leader import leader_status
 from gpusched.services.admission.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -61,27 +73,11 @@ from gpusched.services.admission.views import (
 log = structlog.get_logger("gpusched.admission")
 
 PENDING_REASON = "waiting for the scheduler"
-#: an idle event stream sends a comment this often, and re-reads the record in case a
-#: terminal event was lost while NATS was away
-KEEPALIVE_S = 15.0
 #: how long startup waits for the job mirror to hold every stored record
 SYNC_TIMEOUT_S = 10.0
-#: progress events an event stream buffers for a slow reader before dropping them
-MAX_BUFFERED_PROGRESS = 256
 #: how long GET /v1/predictor/size-error waits for the predictor
 PREDICTOR_TIMEOUT_S = 2.0
-#: routes anyone may call (the dashboard's page and its assets hold no data)
-PUBLIC_ROUTES = frozenset(
-    {"/healthz", "/metrics", "/openapi.json", "/", "/dashboard.js", "/dashboard.css"}
-)
 LIST_PARAMETERS = frozenset({"state", "limit", "after"})
-EVENT_STREAM_HEADERS = {
-    hdrs.CONTENT_TYPE: "text/event-stream",
-    hdrs.CACHE_CONTROL: "no-cache",
-    "X-Accel-Buffering": "no",
-}
-
-TENANT = web.RequestKey("tenant", str)
 #: JetStream's error codes for a store out of room (its limit, or its disk) and for a
 #: compare-and-set that found a later revision
 INSUFFICIENT_RESOURCES = 10023
@@ -93,7 +89,6 @@ STORE_RETRY_AFTER = "5"
 CLIENT_CLOSED_REQUEST = 499
 
 _json = msgspec.json.Encoder()
-_STOP_STREAM = ("stop", b"")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -117,8 +112,6 @@ def make_app(
     app = web.Application(middlewares=[api.middleware], client_max_size=config.max_body_bytes)
     app[API] = api
     api.add_routes(app.router)
-    from gpusched.services.admission.dashboard import Dashboard  # it builds on this module
-
     Dashboard(api).add_routes(app.router)
     app.cleanup_ctx.append(api.background)
     app.on_shutdown.append(api.end_streams)
@@ -777,16 +770,6 @@ class AdmissionApi:
 API = web.AppKey("api", AdmissionApi)
 
 
-def _json_response(
-    value: Any, status: int = 200, headers: dict[str, str] | None = None
-) -> web.Response:
-    return web.Response(
-        status=status,
-        body=_json.encode(value),
-        headers={hdrs.CONTENT_TYPE: "application/json", **(headers or {})},
-    )
-
-
 def _priority_refused(policy: str) -> ProblemError:
     return ProblemError(
         422,
@@ -830,15 +813,6 @@ def _client_gone(request: web.Request) -> bool:
     return transport is None or transport.is_closing()
 
 
-def _unavailable() -> ProblemError:
-    return ProblemError(
-        503,
-        "nats-unavailable",
-        "the message bus is not reachable; nothing was changed, try again",
-        headers={hdrs.RETRY_AFTER: "1"},
-    )
-
-
 def _from_its_sender(msg: Msg) -> bool:
     """Whether a progress event names the node and job its subject names: the subject
     says which node sent it, the payload only claims it."""
@@ -847,15 +821,3 @@ def _from_its_sender(msg: Msg) -> bool:
         log.warning("progress event claiming another node or job dropped", subject=msg.subject)
         return False
     return True
-
-
-def _decode(data: bytes, kind: type[Any]) -> Any:
-    try:
-        return codec.decode(data, kind)
-    except msgspec.MsgspecError as exc:
-        log.debug("undecodable event skipped", kind=kind.__name__, error=str(exc))
-        return None
-
-
-async def _send(response: web.StreamResponse, event: str, data: bytes) -> None:
-    await response.write(b"event: " + event.encode() + b"\ndata: " + data + b"\n\n")

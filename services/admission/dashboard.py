@@ -21,29 +21,32 @@ import contextlib
 import importlib.resources
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import structlog
 from aiohttp import ClientConnectionResetError, hdrs, web
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from gpusched.libs.common import subjects
+from gpusched.libs.common.bus import Stores
 from gpusched.libs.common.schemas import DecisionSummary, JobProgressEvent, JobStateEvent
-from gpusched.services.admission.app import (
-    _STOP_STREAM,
+from gpusched.services.admission.http import (
     EVENT_STREAM_HEADERS,
     KEEPALIVE_S,
     MAX_BUFFERED_PROGRESS,
     PUBLIC_ROUTES,
+    STOP_STREAM,
     TENANT,
-    AdmissionApi,
-    _decode,
-    _json_response,
-    _send,
-    _unavailable,
+    decode_event,
+    json_response,
+    send_event,
+    unavailable,
 )
 from gpusched.services.admission.leader import leader_status
+from gpusched.services.admission.metrics import Metrics
+from gpusched.services.admission.state import JobIndex
 
 log = structlog.get_logger("gpusched.admission")
 
@@ -135,10 +138,22 @@ def job_id_floor(at: float) -> str:
     return f"j{max(int(at * 1000), 0):012x}"
 
 
+class AdmissionParts(Protocol):
+    """What the dashboard reads of the admission API (app.py's ``AdmissionApi``): its
+    connection, stores and job index, its metrics, and the open event streams, which
+    the API ends when it shuts down."""
+
+    nc: Client
+    stores: Stores
+    jobs: JobIndex
+    metrics: Metrics
+    _streams: set[asyncio.Queue[tuple[str, bytes]]]
+
+
 class Dashboard:
-    def __init__(self, api: AdmissionApi) -> None:
+    def __init__(self, api: AdmissionParts) -> None:
         if not set(ASSETS) <= PUBLIC_ROUTES:
-            raise ValueError("the dashboard's page and assets must be public routes in app.py")
+            raise ValueError("the dashboard's page and assets must be public routes (http.py)")
         self.api = api
         static = importlib.resources.files("gpusched.services.admission") / "static"
         self._assets = {
@@ -165,11 +180,11 @@ class Dashboard:
 
     async def scheduler(self, request: web.Request) -> web.Response:
         if not self.api.nc.is_connected:
-            raise _unavailable()
+            raise unavailable()
         lease, status = await leader_status(self.api.nc, self.api.stores.lease)
         if lease is None:
-            return _json_response(SchedulerView())
-        return _json_response(
+            return json_response(SchedulerView())
+        return json_response(
             SchedulerView(
                 leader=lease.holder,
                 lease_at=lease.at,
@@ -190,7 +205,7 @@ class Dashboard:
             for data in self.api.jobs.records_after(request[TENANT], job_id_floor(start))
         )
         counts = count_per_bucket(times, end)
-        return _json_response(
+        return json_response(
             Submissions(bucket_s=BUCKET_S, end=end, counts=counts, total=sum(counts))
         )
 
@@ -198,7 +213,7 @@ class Dashboard:
 
     async def events(self, request: web.Request) -> web.StreamResponse:
         if not self.api.nc.is_connected:
-            raise _unavailable()
+            raise unavailable()
         tenant = request[TENANT]
         queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
         #: job id -> is it this tenant's (a job never changes tenant)
@@ -223,7 +238,7 @@ class Dashboard:
             )
 
         async def on_state(msg: Msg) -> None:
-            event = _decode(msg.data, JobStateEvent)
+            event = decode_event(msg.data, JobStateEvent)
             if event is None:
                 return
             if own(event.job_id):
@@ -234,12 +249,12 @@ class Dashboard:
         async def on_progress(msg: Msg) -> None:
             if queue.qsize() >= MAX_BUFFERED_PROGRESS:
                 return
-            event = _decode(msg.data, JobProgressEvent)
+            event = decode_event(msg.data, JobProgressEvent)
             if event is not None and own(event.job_id) and from_leader(msg, event):
                 queue.put_nowait(("progress", _json.encode(event)))
 
         async def on_decision(msg: Msg) -> None:
-            event = _decode(msg.data, DecisionSummary)
+            event = decode_event(msg.data, DecisionSummary)
             if event is None:
                 return
             counts = DecisionCounts(
@@ -268,9 +283,9 @@ class Dashboard:
                     except TimeoutError:
                         await response.write(b": keep-alive\n\n")
                         continue
-                    if (kind, data) == _STOP_STREAM:
+                    if (kind, data) == STOP_STREAM:
                         break
-                    await _send(response, kind, data)
+                    await send_event(response, kind, data)
                 await response.write_eof()
             return response
         finally:

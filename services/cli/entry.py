@@ -9,12 +9,7 @@ from __future__ import annotations
 
 import sys
 
-
-def decode_stdin() -> None:
-    """Read MessagePack from stdin, print JSON."""
-    from gpusched.libs.common import codec
-
-    print(codec.to_json_text(sys.stdin.buffer.read()))
+from gpusched.services.cli.decode import decode_stdin
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from gpusched.libs.common.embedded import NatsServer, reload_users
 from gpusched.libs.common.natsauth import Credentials, password, write_private
+from gpusched.services.nodeagent.config import node_name_problem
 
 #: what a joined machine runs; ``{url}`` carries the node's user and password
 JOIN_COMMAND = "NATS_URL={url} gpusched service nodeagent --name {node}"
@@ -93,8 +94,6 @@ class Joins:
     # ---- ``gpusched node add`` ----------------------------------------------------------
     def add(self, name: str) -> str:
         """Admit ``name`` to the running cluster; returns the command that joins it."""
-        from gpusched.services.cli.up import node_name_problem
-
         problem = node_name_problem(name)
         if problem:
             raise JoinError(f"NAME: {problem}")

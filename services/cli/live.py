@@ -18,7 +18,7 @@ from gpusched.libs.common import codec, subjects
 from gpusched.libs.common.logging import configure_logging
 from gpusched.libs.common.settings import Setting, text
 from gpusched.services.cli.client import ApiError, Endpoint, call
-from gpusched.services.cli.entry import decode_stdin
+from gpusched.services.cli.decode import decode_stdin
 from gpusched.services.cli.jobview import job_text, plain_table, shown
 
 LOG_LEVEL = Setting("GPUSCHED_LOG_LEVEL", text())

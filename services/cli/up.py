@@ -30,7 +30,11 @@ from gpusched.services.cli.client import up_file
 from gpusched.services.cli.join import Joins
 from gpusched.services.nodeagent.agent import NodeAgent
 from gpusched.services.nodeagent.cluster import EmulatedCluster
-from gpusched.services.nodeagent.config import NAME_PATTERN, NodeAgentConfig, default_node_name
+from gpusched.services.nodeagent.config import (
+    NodeAgentConfig,
+    default_node_name,
+    node_name_problem,
+)
 from gpusched.services.nodeagent.gpus import NvmlGpu, nvml_absence, read_nvml
 from gpusched.services.nodeagent.jobuser import (
     job_user_problem,
@@ -142,13 +146,6 @@ class UpConfig:
     def emulating(self) -> bool:
         """Emulation asked for in so many words (a GPU count or a node count)."""
         return self.gpus_per_node is not None or self.nodes is not None
-
-
-def node_name_problem(name: str) -> str:
-    """Why ``name`` cannot name a node ('' when it can)."""
-    if not NAME_PATTERN.match(name):
-        return f"node name {name!r}: 1-64 letters, digits, '-' or '_' (it is part of subjects)"
-    return ""
 
 
 @dataclass(frozen=True)

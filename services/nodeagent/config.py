@@ -27,6 +27,13 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 GPU_MEMORY_IN_NAME = re.compile(r"(\d+)\s*GB\b", re.IGNORECASE)
 
 
+def node_name_problem(name: str) -> str:
+    """Why ``name`` cannot name a node ('' when it can)."""
+    if not NAME_PATTERN.match(name):
+        return f"node name {name!r}: 1-64 letters, digits, '-' or '_' (it is part of subjects)"
+    return ""
+
+
 def default_node_name() -> str:
     """The host name, made safe for subjects: anything but letters, digits, '-' and '_'
     becomes '-' (so ``gpu01.example.com`` is ``gpu01-example-com``)."""
