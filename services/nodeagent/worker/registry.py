@@ -3,9 +3,10 @@ parameter count and input shape, and the stand-in it trains instead on a CPU (no
 import here, so ``gpusched models`` runs where torch is not installed).
 
 A model name is a profile name (``libs/core/builtin/profiles.json``) or one of the extra
-architecture names below. The real architectures are defined in :mod:`.architectures`;
-the parameter counts here are what building them counts (a test builds every one and
-compares), within 2 % of the published figure where one is published.
+architecture names below. The real architectures are defined in :mod:`.networks` and
+built by :mod:`.architectures`; the parameter counts here are what building them counts
+(a test builds every one and compares), within 2 % of the published figure where one is
+published.
 
 Which of the two a run trains is the worker's *architecture choice*: ``real``, ``stand-in``
 or ``auto`` (the real one on a CUDA device, the stand-in on the CPU).
