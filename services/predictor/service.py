@@ -31,12 +31,13 @@ kept in the same bucket (key ``progress_histories``); a restarted predictor retr
 them before it answers.
 
 ``cpu_profile`` takes a :class:`~gpusched.libs.common.schemas.CpuProfileRequest` and answers the
-model's measured :class:`~gpusched.libs.common.schemas.CpuProfile` (404 when there is none): a
-request naming a node has that node's agent measure it first when none is stored or
-``refresh`` is set, and with ``profile_cpu`` configured the predictor asks the node
-where a job of a model without one first runs. Every profile stored is published on
-``gpusched.model.<model>.cpu_profile`` (the scheduler's estimates follow it) and kept
-with the rest of what was learned. ``compute_profile`` does the same for GENIE's
+model's measured :class:`~gpusched.libs.common.schemas.CpuProfile` (404 when there is none;
+services/predictor/cpu_profiler.py): a request naming a node has that node's agent
+measure it first when none is stored or ``refresh`` is set, and with ``profile_cpu``
+configured the predictor asks the node where a job of a model without one first runs.
+Every profile stored is published on ``gpusched.model.<model>.cpu_profile`` (the
+scheduler's estimates follow it) and kept with the rest of what was learned.
+``compute_profile`` does the same for GENIE's
 compute profiles (:class:`~gpusched.libs.common.schemas.ComputeProfileRequest`,
 services/predictor/compute_profiles.py; ``profile_compute`` configured: measured where a
 job of an unprofiled model first runs; published on
@@ -44,8 +45,9 @@ job of an unprofiled model first runs; published on
 measured profile (:class:`~gpusched.libs.common.schemas.MeasuredProfileRequest`,
 services/predictor/measured_profiles.py): node agents hand their measurements in on
 ``gpusched.node.<node>.measured_profile``, and a request naming a GPU type is timed from
-that type's figures. What it learned is
-saved to the KV bucket ``gpusched_predictor`` every ``save_every_s`` while it changes and
+that type's figures. Requests are read and answered by services/predictor/requests.py,
+counted in the metrics of services/predictor/metrics.py. What it learned is saved to
+the KV bucket ``gpusched_predictor`` every ``save_every_s`` while it changes and
 on stop, and read back at start, so a restarted predictor keeps its corrections.
 """
 
@@ -58,7 +60,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from importlib import metadata
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 import structlog
@@ -71,22 +73,12 @@ from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from nats.micro.request import Request, ServiceError
 from nats.micro.service import Service
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-)
-from prometheus_client.exposition import generate_latest
 
 from gpusched.libs.common import codec, natsauth, subjects
 from gpusched.libs.common.bus import Stores, connect, settle
 from gpusched.libs.common.retry import backoff, retry
 from gpusched.libs.common.schemas import (
-    SCHEMA_VERSION,
     ComputeProfileRequest,
-    CpuProfile,
     CpuProfileRequest,
     JobProgressEvent,
     JobRecord,
@@ -97,19 +89,27 @@ from gpusched.libs.common.schemas import (
     Prediction,
     PredictRequest,
     RemainingRequest,
-    SizeErrorReport,
     SizePredicted,
 )
 from gpusched.libs.core.groundtruth import load_performance_model
 from gpusched.libs.core.perf import UnknownModelError
-from gpusched.services.predictor.compute_profiles import ComputeProfiler, ask_node
+from gpusched.services.predictor.compute_profiles import ComputeProfiler
 from gpusched.services.predictor.config import PredictorConfig
+from gpusched.services.predictor.cpu_profiler import CpuProfiler
 from gpusched.services.predictor.measured_profiles import MeasuredProfiles
+from gpusched.services.predictor.metrics import PredictorMetrics, serve_metrics
 from gpusched.services.predictor.model import BaselinePredictor, Learned
 from gpusched.services.predictor.progress import (
     DEFAULT_EPOCH_SAMPLES,
     ProgressLearner,
     StoredHistories,
+)
+from gpusched.services.predictor.requests import (
+    BadRequest,
+    decode_as,
+    decode_or_400,
+    one_line,
+    serve,
 )
 from gpusched.services.predictor.sizes import (
     SOURCE_FOREST,
@@ -125,7 +125,6 @@ SERVICE_DESCRIPTION = (
     "Predicts iterations, throughput and co-location slowdown of training jobs from "
     "profiles corrected by measured progress"
 )
-JSON_HEADERS = {"Content-Type": "application/json", codec.SCHEMA_HEADER: str(SCHEMA_VERSION)}
 #: SUCCEEDED job ids remembered so that a repeated state event is counted once
 MAX_REMEMBERED_COMPLETIONS = 100_000
 #: room left in a NATS message beside the stored size rows (headers, the KV subject)
@@ -133,13 +132,10 @@ STORED_HEADROOM_BYTES = 4096
 #: one attempt to store a predicted size, and how many (0.1 s doubling to 2 s between)
 PUBLISH_TIMEOUT_S = 2.0
 SIZE_PUBLISH_ATTEMPTS = 8
-#: the size forest's error shares, as the label ``within`` of its gauge
-WITHIN = (("0.1", "within_10"), ("0.25", "within_25"), ("0.5", "within_50"))
 
 log = structlog.get_logger("gpusched.predictor")
 
 Answer = Callable[[Any], Prediction]
-R = TypeVar("R", bound=msgspec.Struct)
 
 
 def service_version() -> str:
@@ -147,102 +143,6 @@ def service_version() -> str:
         return metadata.version("gpusched")
     except metadata.PackageNotFoundError:
         return "0.0.0"
-
-
-class ProfilingFailed(RuntimeError):
-    """A node did not measure a CPU profile."""
-
-
-class BadRequest(ValueError):
-    """A request payload that cannot be read as a PredictRequest."""
-
-
-def decode_as(data: bytes, headers: dict[str, str] | None, kind: type[R]) -> tuple[R, bool]:
-    """A request of type ``kind`` and whether it came as JSON. Raises :class:`BadRequest`."""
-    schema = (headers or {}).get(codec.SCHEMA_HEADER)
-    if schema is not None and schema != str(SCHEMA_VERSION):
-        raise BadRequest(
-            f"{codec.SCHEMA_HEADER}: schema {schema!r} is not supported; this service speaks "
-            f"{SCHEMA_VERSION}"
-        )
-    as_json = data.lstrip()[:1] == b"{"
-    if not data.strip():
-        raise BadRequest(
-            "empty request: send a PredictRequest as MessagePack or JSON "
-            '(e.g. {"model": "resnet50", "batch_size": 64})'
-        )
-    try:
-        if as_json:
-            return msgspec.json.decode(data, type=kind), True
-        return codec.decode(data, kind), False
-    except msgspec.DecodeError as exc:
-        encoding = "JSON" if as_json else "MessagePack"
-        raise BadRequest(f"bad {kind.__name__} ({encoding}): {exc}") from None
-
-
-def decode_or_400(request: Request, kind: type[R]) -> tuple[R, bool]:
-    """``decode_as`` for a service endpoint: a bad request answers 400 with why."""
-    try:
-        return decode_as(request.data, request.headers, kind)
-    except BadRequest as exc:
-        raise ServiceError("400", _one_line(str(exc))) from None
-
-
-def _one_line(text: str) -> str:
-    """Header values may not hold line breaks."""
-    return " ".join(text.split())
-
-
-class _Metrics:
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "gpusched_predictor_requests_total",
-            "Prediction requests answered, by endpoint and reply code",
-            ["endpoint", "code"],
-            registry=self.registry,
-        )
-        self.request_seconds = Histogram(
-            "gpusched_predictor_request_seconds",
-            "Time to answer a prediction request",
-            ["endpoint"],
-            registry=self.registry,
-            buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5),
-        )
-        self.observations = Counter(
-            "gpusched_predictor_observations_total",
-            "Messages learned from, by kind (progress, completion) and result "
-            "(learned, ignored, invalid)",
-            ["kind", "result"],
-            registry=self.registry,
-        )
-        self.size_mape = Gauge(
-            "gpusched_predictor_size_mape_ratio",
-            "Mean absolute percentage error of the iterations predicted at submission, "
-            "over the newest scored jobs (NaN before any)",
-            registry=self.registry,
-        )
-        self.size_within = Gauge(
-            "gpusched_predictor_size_within_ratio",
-            "Share of scored jobs whose iterations predicted at submission were within "
-            "`within` of the truth (NaN before any)",
-            ["within"],
-            registry=self.registry,
-        )
-        self.size_scored = Gauge(
-            "gpusched_predictor_size_scored_jobs",
-            "Finished jobs the size error figures are taken over",
-            registry=self.registry,
-        )
-        self.size_errors(SizeErrorReport())
-
-    def size_errors(self, report: SizeErrorReport) -> None:
-        nan = float("nan")
-        self.size_mape.set(nan if report.mape is None else report.mape)
-        for label, field in WITHIN:
-            share = getattr(report, field)
-            self.size_within.labels(label).set(nan if share is None else share)
-        self.size_scored.set(report.scored_jobs)
 
 
 class PredictorService:
@@ -253,7 +153,7 @@ class PredictorService:
         self.predictor = predictor or BaselinePredictor(
             load_performance_model(config.data_dir), history_weight=config.history_weight
         )
-        self.metrics = _Metrics()
+        self.metrics = PredictorMetrics()
         self.progress = ProgressLearner()
         self.sizes = SizeLearner()
         self._saved_sizes = 0
@@ -270,9 +170,8 @@ class PredictorService:
         self._learned_kv: KeyValue | None = None
         self._saved_changes = 0
         self._saver: asyncio.Task[None] | None = None
-        #: models whose CPU profile a node is measuring now
-        self._profiling: dict[str, asyncio.Task[CpuProfile | None]] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        #: Synergy's CPU profiles (services/predictor/cpu_profiler.py)
+        self.cpu = CpuProfiler(self.predictor, config.profile_timeout_s, self._save_learned)
         #: GENIE's compute profiles (services/predictor/compute_profiles.py)
         self.compute = ComputeProfiler(self.predictor, config.profile_timeout_s)
         #: measured profiles per GPU type (services/predictor/measured_profiles.py)
@@ -295,6 +194,7 @@ class PredictorService:
             await self._restore_learned()
             await self._restore_histories()
             await self._restore_sizes()
+            self.cpu.start(self._nc)
             await self.compute.start(self._nc, self._learned_kv)
             await self.measured.start(self._nc, self._learned_kv, self._stores.nodes)
             self._service = await micro.add_service(
@@ -339,7 +239,10 @@ class PredictorService:
                 await self._nc.subscribe(subjects.ALL_JOB_SUBMISSIONS, cb=self._on_submitted),
             ]
             if self.config.metrics_port is not None:
-                await self._serve_metrics(self.config.metrics_host, self.config.metrics_port)
+                self._http = await serve_metrics(
+                    self.config.metrics_host, self.config.metrics_port, self.metrics_text,
+                    lambda: self._nc is not None and self._nc.is_connected,
+                )
             self._saver = asyncio.create_task(self._save_periodically(), name="predictor-save")
             await settle(self._nc)
         except BaseException:
@@ -354,12 +257,11 @@ class PredictorService:
         )
 
     async def stop(self) -> None:
-        training = [self._training] if self._training is not None else []
-        for task in [*self._background, *self._profiling.values(), *training]:
-            task.cancel()
+        if self._training is not None:
+            self._training.cancel()
             with contextlib.suppress(BaseException):
-                await task
-        self._profiling.clear()
+                await self._training
+        await self.cpu.stop()
         await self.compute.stop()
         await self.measured.stop()
         await self.sizes.stop()
@@ -401,7 +303,7 @@ class PredictorService:
         return f"http://{host}:{port}/metrics"
 
     def metrics_text(self) -> bytes:
-        return generate_latest(self.metrics.registry)
+        return self.metrics.text()
 
     # ----------------------------------------------------------------- requests
 
@@ -430,119 +332,41 @@ class PredictorService:
                 req, as_json = decode_as(request.data, request.headers, kind)
                 return answer(req), as_json
             except (BadRequest, ValueError) as exc:
-                raise ServiceError("400", _one_line(str(exc))) from None
+                raise ServiceError("400", one_line(str(exc))) from None
             except UnknownModelError as exc:
-                raise ServiceError("404", _one_line(str(exc))) from None
+                raise ServiceError("404", one_line(str(exc))) from None
             except Exception as exc:
                 log.exception("prediction failed", endpoint=endpoint)
-                raise ServiceError("500", _one_line(f"internal error: {exc!r}")) from None
+                raise ServiceError("500", one_line(f"internal error: {exc!r}")) from None
 
-        await self._serve(endpoint, request, work)
+        await serve(self.metrics, endpoint, request, work)
 
     async def _answer_cpu_profile(self, request: Request) -> None:
         async def work() -> tuple[msgspec.Struct, bool]:
             wanted, as_json = decode_or_400(request, CpuProfileRequest)
-            profile = self.predictor.cpu_profile(wanted.model)
-            if wanted.node is not None and (profile is None or wanted.refresh):
-                try:
-                    profile = await self._profile(wanted.model, wanted.node)
-                except ProfilingFailed as exc:
-                    raise ServiceError("502", _one_line(str(exc))) from None
-            if profile is None:
-                raise ServiceError("404", f"no measured CPU profile of {wanted.model!r}")
-            return profile, as_json
+            return await self.cpu.answer(wanted), as_json
 
-        await self._serve("cpu_profile", request, work)
+        await serve(self.metrics, "cpu_profile", request, work)
 
     async def _answer_measured_profile(self, request: Request) -> None:
         async def work() -> tuple[msgspec.Struct, bool]:
             wanted, as_json = decode_or_400(request, MeasuredProfileRequest)
             return self.measured.answer(wanted), as_json
 
-        await self._serve("measured_profile", request, work)
+        await serve(self.metrics, "measured_profile", request, work)
 
     async def _answer_size_error(self, request: Request) -> None:
         async def work() -> tuple[msgspec.Struct, bool]:
             return self.sizes.report(), request.data.lstrip()[:1] == b"{"
 
-        await self._serve("size_error", request, work)
+        await serve(self.metrics, "size_error", request, work)
 
     async def _answer_compute_profile(self, request: Request) -> None:
         async def work() -> tuple[msgspec.Struct, bool]:
             wanted, as_json = decode_or_400(request, ComputeProfileRequest)
             return await self.compute.answer(wanted), as_json
 
-        await self._serve("compute_profile", request, work)
-
-    async def _serve(
-        self,
-        endpoint: str,
-        request: Request,
-        work: Callable[[], Awaitable[tuple[msgspec.Struct, bool]]],
-    ) -> None:
-        """Answer what ``work`` returns (a reply and whether the request was JSON) in the
-        request's encoding, counting the reply code; ``work`` raises ServiceError."""
-        started = time.perf_counter()
-        code = "200"
-        try:
-            reply, as_json = await work()
-        except ServiceError as exc:
-            code = exc.code
-            raise
-        finally:
-            self.metrics.requests.labels(endpoint, code).inc()
-            self.metrics.request_seconds.labels(endpoint).observe(time.perf_counter() - started)
-        if as_json:
-            await request.respond(msgspec.json.encode(reply), headers=JSON_HEADERS)
-        else:
-            await request.respond(codec.encode(reply), headers=codec.headers())
-
-    async def _profile(self, model: str, node: str) -> CpuProfile:
-        """Have ``node`` measure ``model`` (joining a measurement under way), store the
-        profile, publish it and save. Raises :class:`ProfilingFailed`."""
-        task = self._profiling.get(model)
-        if task is None:
-            task = asyncio.create_task(self._measure(model, node), name=f"profile-{model}")
-            self._profiling[model] = task
-            task.add_done_callback(lambda _: self._profiling.pop(model, None))
-        profile = await asyncio.shield(task)
-        if profile is None:
-            raise ProfilingFailed(f"node {node} could not measure {model!r} (see its log)")
-        return profile
-
-    async def _measure(self, model: str, node: str) -> CpuProfile | None:
-        assert self._nc is not None
-        bound = log.bind(model=model, node=node)
-        profile = await ask_node(
-            self._nc, subjects.node_profile(node), CpuProfileRequest(model=model), CpuProfile,
-            self.config.profile_timeout_s, bound, "CPU",
-        )  # fmt: skip
-        if profile is None:
-            return None
-        self.predictor.observe_cpu_profile(profile)
-        with contextlib.suppress(Exception):
-            await self._nc.publish(
-                subjects.cpu_profile_measured(model), codec.encode(profile),
-                headers=codec.headers(),
-            )  # fmt: skip
-        await self._save_learned()
-        bound.info("stored a measured CPU profile", points=len(profile.points))
-        return profile
-
-    async def _profile_first_run(self, event: JobStateEvent) -> None:
-        """A job started: have its node measure its model if nobody has yet."""
-        assert self._stores is not None
-        try:
-            entry = await self._stores.jobs.get(event.job_id)
-            if not entry.value:
-                return
-            model = codec.decode(entry.value, JobRecord).current_spec.model
-        except Exception as exc:  # no record (yet), unreadable, NATS away: no profile now
-            log.debug("no model to profile", job_id=event.job_id, error=repr(exc))
-            return
-        if self.predictor.cpu_profile(model) is None and model not in self._profiling:
-            with contextlib.suppress(ProfilingFailed):
-                await self._profile(model, event.placement[0].node)
+        await serve(self.metrics, "compute_profile", request, work)
 
     # ----------------------------------------------------------------- learning
 
@@ -591,10 +415,8 @@ class PredictorService:
             if event.state is JobState.SUCCEEDED and event.job_id not in self._completed:
                 await self._learn_completion(event.job_id)
             if self.config.profile_cpu and event.state is JobState.RUNNING and event.placement:
-                # beside the subscription: measuring takes seconds
-                task = asyncio.create_task(self._profile_first_run(event))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                assert self._stores is not None
+                self.cpu.on_running(event, self._stores)
             if self.config.profile_compute and event.state is JobState.RUNNING and event.placement:
                 assert self._stores is not None
                 self.compute.on_running(event, self._stores)
@@ -806,25 +628,6 @@ class PredictorService:
             log.warning(f"saving {what} failed", error=str(exc))
             return False
         return True
-
-    # ----------------------------------------------------------------- metrics
-
-    async def _serve_metrics(self, host: str, port: int) -> None:
-        async def metrics(_: web.Request) -> web.Response:
-            return web.Response(
-                body=self.metrics_text(), headers={"Content-Type": CONTENT_TYPE_LATEST}
-            )
-
-        async def healthz(_: web.Request) -> web.Response:
-            connected = self._nc is not None and self._nc.is_connected
-            return web.json_response({"nats": connected}, status=200 if connected else 503)
-
-        app = web.Application()
-        app.router.add_get("/metrics", metrics)
-        app.router.add_get("/healthz", healthz)
-        self._http = web.AppRunner(app, access_log=None)
-        await self._http.setup()
-        await web.TCPSite(self._http, host, port).start()
 
 
 async def run(config: PredictorConfig, stop: asyncio.Event) -> None:
