@@ -144,14 +144,28 @@ def test_the_cpu_and_cuda_images_carry_the_version_and_their_kind():
         assert service["build"]["context"] == "."
 
 
-def test_no_service_runs_as_root_or_privileged():
+#: what a node agent keeps as root: it starts jobs as the image's unprivileged job user
+#: (docs/security.md, Job processes), hands them their directory and reads and signals them
+NODE_AGENT_CAPABILITIES = {"SETUID", "SETGID", "CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL"}
+
+
+def test_no_service_runs_as_root_or_privileged_but_node_agents_with_few_capabilities():
     dockerfile = (ROOT / "Dockerfile").read_text().splitlines()
     users = [line.split()[1] for line in dockerfile if line.startswith("USER ")]
     assert users and users[-1] == "gpusched"
+    base = services()
     for compose in ("compose.yaml", "compose.gpu.yaml"):
         for name, service in load(compose)["services"].items():
-            assert "user" not in service, f"{compose}: {name} overrides the user"
             assert not service.get("privileged"), f"{compose}: {name} is privileged"
+            if not name.startswith("nodeagent-"):
+                assert "user" not in service, f"{compose}: {name} overrides the user"
+                continue
+            merged = {**base[name], **service}
+            assert merged.get("user") == "root", name
+            assert merged["cap_drop"] == ["ALL"], name
+            assert set(merged["cap_add"]) == NODE_AGENT_CAPABILITIES, name
+            assert base[name]["environment"]["GPUSCHED_JOB_USER"] == "gpusched-job", name
+    assert "useradd --system --no-create-home" in "\n".join(dockerfile)
 
 
 # ------------------------------------------------------------------ health, for real

@@ -373,7 +373,8 @@ async def _jobs_on_a_terminal(service: AdmissionService) -> str:
     """``gpusched jobs`` with its output a terminal (a pseudo-terminal here): the rich
     table, which would read ``[bold]`` as markup and drop it."""
     leader, follower = pty.openpty()
-    environment = {**os.environ, "COLUMNS": "200", "TERM": "dumb",
+    # rich takes a dumb terminal's size from COLUMNS only beside LINES (else 80 x 25)
+    environment = {**os.environ, "COLUMNS": "200", "LINES": "50", "TERM": "dumb",
                    "GPUSCHED_URL": service.url, "GPUSCHED_TOKEN": TOKEN}
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gpusched.services.cli.main", "jobs",

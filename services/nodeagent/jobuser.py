@@ -169,5 +169,6 @@ def give_directory(path: Path, user: JobUser) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.parent.chmod(path.parent.stat().st_mode | 0o111)
     path.mkdir(parents=True, exist_ok=True)
-    os.chown(path, user.uid, user.gid)
+    # the mode first: once the directory is the job user's, changing it takes FOWNER
     path.chmod(0o700)
+    os.chown(path, user.uid, user.gid)
