@@ -23,6 +23,7 @@ from gpusched.libs.core.convergence import (
 from gpusched.libs.core.decision import Decision, Resize, Start, decision_problems
 from gpusched.libs.core.snapshot import Snapshot
 from gpusched.libs.core.traces import load_trace
+from gpusched.services.scheduler.policies.base import Capabilities
 from gpusched.services.scheduler.simulator import SimConfig, simulate
 from tests.builders import ConvergingPerf, cluster, job, pending, snapshot
 
@@ -138,6 +139,7 @@ class Scripted:
     name: str = "scripted"
     preemptive: bool = True
     queue_sort: None = None
+    capabilities = Capabilities()
     wakes: list[float] = field(default_factory=list)
 
     def decide(self, snap: Snapshot) -> Decision:

@@ -12,7 +12,7 @@ import structlog
 from gpusched.libs.core.decision import Decision, Preempt, Resize, Start, decision_problems
 from gpusched.libs.core.snapshot import Snapshot
 from gpusched.services.scheduler.live import Round
-from gpusched.services.scheduler.policies.base import QueueSort
+from gpusched.services.scheduler.policies.base import Capabilities, QueueSort
 from gpusched.services.scheduler.simulator import PolicyViolation, simulate
 from gpusched.services.scheduler.state import Phase
 from tests.builders import TablePerf, cluster, job, pending, running, snapshot
@@ -151,6 +151,7 @@ class DoubleBooking:
     most: int | None = None
     preemptive: bool = False
     queue_sort: QueueSort | None = None
+    capabilities = Capabilities()
 
     def decide(self, snapshot: Snapshot) -> Decision:
         queued = snapshot.pending[: self.most]

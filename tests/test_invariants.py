@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from gpusched.libs.core.decision import Decision
 from gpusched.libs.core.snapshot import Snapshot
 from gpusched.services.scheduler.policies import POLICIES, RESIDENT_CAP_POLICIES, make_policy
-from gpusched.services.scheduler.policies.base import Policy
+from gpusched.services.scheduler.policies.base import Capabilities, Policy
 from gpusched.services.scheduler.simulator import SimConfig, simulate
 from tests.builders import TablePerf, cluster, job
 
@@ -34,6 +34,9 @@ class Audited:
     #: jobs an elastic policy resized or started in a shape of its own: they may run on
     #: more GPUs than they asked for
     resized: set[str] = field(default_factory=set)
+    #: the driver sees a plain policy: the queue in arrival order, nothing more declared
+    queue_sort = None
+    capabilities = Capabilities()
 
     @property
     def name(self) -> str:

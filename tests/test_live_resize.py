@@ -21,7 +21,7 @@ from gpusched.libs.core.decision import Decision, Resize
 from gpusched.libs.core.snapshot import Snapshot
 from gpusched.services.scheduler.live import LiveScheduler, SchedulerService
 from gpusched.services.scheduler.policies import make_policy
-from gpusched.services.scheduler.policies.base import Policy, QueueSort
+from gpusched.services.scheduler.policies.base import Capabilities, Policy, QueueSort
 from tests.limits import process_limit_s
 from tests.live import fast_scheduler, record, spec, store_job, wait_state
 from tests.test_live_scheduling import nodes
@@ -41,6 +41,7 @@ class ResizeOnceRunning:
     name: str = "fifo+resize"
     # an elastic policy decides on running jobs too, not only when some job waits
     preemptive: bool = True
+    capabilities = Capabilities()
 
     @property
     def queue_sort(self) -> QueueSort | None:

@@ -14,6 +14,7 @@ from gpusched.libs.core.convergence import builtin_convergence
 from gpusched.libs.core.decision import Decision, decision_problems
 from gpusched.libs.core.snapshot import Snapshot
 from gpusched.services.scheduler.policies import POLICIES
+from gpusched.services.scheduler.policies.base import Capabilities
 from gpusched.services.scheduler.policies.ones import (
     NONE,
     POPULATION,
@@ -49,6 +50,7 @@ class Recorded:
         return True
 
     queue_sort = None
+    capabilities = Capabilities()
 
     def decide(self, snap: Snapshot) -> Decision:
         for view in snap.pending:

@@ -33,6 +33,7 @@ from gpusched.libs.core.traces import TraceError, TraceJob, load_trace, write_na
 from gpusched.libs.core.workload import materialize
 from gpusched.services.admission.problems import ProblemError
 from gpusched.services.admission.specs import total_iterations
+from gpusched.services.scheduler.policies.base import Capabilities
 from tests.builders import TablePerf
 
 PROFILES, NETWORK = load_builtin()
@@ -319,6 +320,7 @@ class _TakeFifo:
     name = "take-fifo"
     preemptive = False
     queue_sort = None
+    capabilities = Capabilities()
 
     def decide(self, snapshot: Snapshot) -> Decision:
         free = FreeGpus(snapshot)

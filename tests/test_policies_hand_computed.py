@@ -15,7 +15,7 @@ import pytest
 from gpusched.libs.core.decision import Decision, Resize
 from gpusched.libs.core.snapshot import Snapshot
 from gpusched.services.scheduler.policies import make_policy
-from gpusched.services.scheduler.policies.base import Policy, QueueSort
+from gpusched.services.scheduler.policies.base import Capabilities, Policy, QueueSort
 from gpusched.services.scheduler.policies.preemptive import Tiresias
 from gpusched.services.scheduler.simulator import PolicyViolation, SimConfig, simulate
 from tests.builders import TablePerf, cluster, job
@@ -118,6 +118,7 @@ class ResizeAt:
     name: str = "fifo+resize"
     preemptive: bool = False
     queue_sort: QueueSort | None = None
+    capabilities = Capabilities()
     sent: bool = False
 
     def decide(self, snapshot: Snapshot) -> Decision:

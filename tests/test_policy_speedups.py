@@ -29,6 +29,7 @@ from gpusched.libs.core.shape import JobShape
 from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.scheduler.policies import make_policy, sjf_bsbf
 from gpusched.services.scheduler.policies.base import (
+    Capabilities,
     LazyReasons,
     Policy,
     QueueSort,
@@ -173,7 +174,7 @@ def in_order(snap: Snapshot, policy: Srtf | Tiresias) -> Snapshot:
     """The snapshot a driver that keeps the policy's queue orders would give."""
     sort = policy.queue_sort
     assert sort is not None
-    extra = getattr(policy, "extra_sorts", ())
+    extra = policy.capabilities.extra_sorts
     return replace(
         snap,
         pending=tuple(sorted(snap.pending, key=sort.key)),
@@ -216,6 +217,7 @@ class NoQueueSort:
         return self.inner.preemptive
 
     queue_sort = None
+    capabilities = Capabilities()
 
     def decide(self, snap: Snapshot) -> Decision:
         return self.inner.decide(snap)
@@ -238,6 +240,8 @@ class FreshEachTime:
     @property
     def queue_sort(self) -> QueueSort | None:
         return self.factory().queue_sort
+
+    capabilities = Capabilities()
 
     def decide(self, snap: Snapshot) -> Decision:
         return self.factory().decide(snap)

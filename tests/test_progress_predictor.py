@@ -11,6 +11,7 @@ from gpusched.libs.core.convergence import Convergence
 from gpusched.libs.core.decision import Decision, Start
 from gpusched.libs.core.progress import MIN_EPOCHS, PRIOR_JOBS, EpochRecord, ProgressPredictor
 from gpusched.libs.core.snapshot import Snapshot
+from gpusched.services.scheduler.policies.base import Capabilities
 from gpusched.services.scheduler.simulator import Simulator
 from tests.builders import ConvergingPerf, cluster, job
 
@@ -101,7 +102,7 @@ class OneAtATime:
     name: str = "one-at-a-time"
     preemptive: bool = False
     queue_sort: None = None
-    predicts_progress: bool = True
+    capabilities = Capabilities(predicts_progress=True)
     seen: list[Snapshot] = field(default_factory=list)
 
     def decide(self, snap: Snapshot) -> Decision:

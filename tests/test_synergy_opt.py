@@ -18,6 +18,7 @@ from gpusched.libs.core.jobs import JobSpec
 from gpusched.libs.core.snapshot import Snapshot
 from gpusched.services.cli.main import app
 from gpusched.services.scheduler.policies import make_policy
+from gpusched.services.scheduler.policies.base import Capabilities
 from gpusched.services.scheduler.simulator import SimConfig, simulate
 from gpusched.services.scheduler.synergy_opt import OptBounded, OptJob, opt_jobs, synergy_opt
 from tests.test_synergy_policy import PERF, synergy_cluster
@@ -75,6 +76,7 @@ class AtFair:
     name: str = "at-fair"
     preemptive: bool = False
     queue_sort: None = None
+    capabilities = Capabilities()
 
     def decide(self, snap: Snapshot) -> Decision:
         idle = [g for g, load in enumerate(snap.gpu_load) if load == 0]

@@ -23,6 +23,7 @@ from gpusched.libs.core.jobs import JobSpec
 from gpusched.libs.core.perf import CpuMemDemand, demand_on_node
 from gpusched.libs.core.snapshot import Snapshot
 from gpusched.services.cli.main import app
+from gpusched.services.scheduler.policies.base import Capabilities
 from gpusched.services.scheduler.runner import build_cluster
 from gpusched.services.scheduler.simulator import SimConfig, simulate
 from tests.builders import TablePerf, pending, running, snapshot
@@ -53,6 +54,7 @@ class Allocating:
     name: str = "allocating"
     preemptive: bool = False
     queue_sort: None = None
+    capabilities = Capabilities()
 
     def decide(self, snap: Snapshot) -> Decision:
         free = [g for g, load in enumerate(snap.gpu_load) if load == 0]
@@ -265,6 +267,7 @@ class RandomAllocations:
     name: str = "random-allocations"
     preemptive: bool = False
     queue_sort: None = None
+    capabilities = Capabilities()
     seen: list[Snapshot] = field(default_factory=list)
 
     def decide(self, snap: Snapshot) -> Decision:

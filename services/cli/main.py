@@ -527,7 +527,7 @@ def _with_extras(names: list[str], explicit: bool, notes: Console) -> list[str]:
     kept = []
     for name in names:
         try:
-            if getattr(make_policy(name), "predicts_progress", False):
+            if make_policy(name).capabilities.predicts_progress:
                 require("torch", TRAIN, f"policy {name} (its progress predictor)")
         except MissingExtraError as exc:
             if explicit:

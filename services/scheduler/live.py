@@ -277,7 +277,7 @@ class LiveScheduler(Actor[Message]):
         #: measured profiles per GPU type, and the type jobs are timed on (gpu_types.py)
         self.gpu_types = GpuTypes()
         #: ONES: running jobs' remaining iterations come from the progress predictor
-        self.predicts_progress = bool(getattr(self.policy, "predicts_progress", False))
+        self.predicts_progress = self.policy.capabilities.predicts_progress
         self.jobs: dict[str, LiveJob] = {}
         #: ids of jobs known to be finished, so a late message does not read them again
         self.settled: set[str] = set()

@@ -17,13 +17,6 @@ from dataclasses import dataclass
 from gpusched.libs.core.jobs import JobSpec
 from gpusched.libs.core.perf import PerformanceModel
 from gpusched.services.scheduler.policies import POLICIES, Policy, UnknownPolicyError, make_policy
-from gpusched.services.scheduler.policies.asrpt import Asrpt
-from gpusched.services.scheduler.policies.genie import Genie
-from gpusched.services.scheduler.policies.ones import Ones
-from gpusched.services.scheduler.policies.preemptive import Srtf, Tiresias
-from gpusched.services.scheduler.policies.simple import Edf
-from gpusched.services.scheduler.policies.sjf_bsbf import SjfBsbf
-from gpusched.services.scheduler.policies.synergy import SynergyTune
 from gpusched.services.scheduler.results import SimResult
 
 #: a model counts as CPU/memory sensitive when its best case beats the GPU-proportional
@@ -62,27 +55,19 @@ def _idle_feature(result: SimResult, facts: WorkloadFacts | None) -> list[str]:
     if policy is None or not result.jobs:
         return []
     notes: list[str] = []
-    no_deadline = all(job.deadline is None for job in result.jobs)
-    if isinstance(policy, Edf) and no_deadline:
-        notes.append(
-            f"{name}: no job has a deadline, so it ran them in submission order, skipping "
-            "those that do not fit: the order of fifo-backfill."
-        )
-    if isinstance(policy, Genie) and no_deadline:
-        notes.append(
-            f"{name}: no job has a deadline, so its deadline order and admission had "
-            "nothing to act on: it ran jobs shortest predicted run time first, with backfill."
-        )
-    if isinstance(policy, Srtf | Tiresias | Asrpt) and result.preemptions == 0:
+    can = policy.capabilities
+    if can.without_deadlines is not None and all(job.deadline is None for job in result.jobs):
+        notes.append(f"{name}: no job has a deadline, so {can.without_deadlines}.")
+    if policy.preemptive and not can.resizes and result.preemptions == 0:
         notes.append(f"{name}: preempted no job; its preemption never acted.")
-    if isinstance(policy, SjfBsbf) and result.shared_pairs == 0:
+    if can.shares_gpus and result.shared_pairs == 0:
         notes.append(f"{name}: formed no sharing pair; every job ran on GPUs of its own.")
-    if isinstance(policy, SynergyTune) and facts is not None and facts.cpu_mem_sensitive == 0:
+    if can.tunes_cpu_mem and facts is not None and facts.cpu_mem_sensitive == 0:
         notes.append(
             f"{name}: no job's model runs faster with more CPU or memory than its "
             "GPU-proportional share, so it gave every job that share."
         )
-    if isinstance(policy, Ones) and result.resizes == 0:
+    if can.resizes and result.resizes == 0:
         notes.append(f"{name}: resized no running job; its search only placed new ones.")
     return notes
 

@@ -27,7 +27,13 @@ from gpusched.libs.core.perf import ConvergenceSource, PerformanceModel
 from gpusched.libs.core.progress import EpochRecord, ProgressPredictor, blended_remaining_iterations
 from gpusched.libs.core.size_predictor import PREDICTORS, SubmissionSizes
 from gpusched.libs.core.snapshot import JobView, Snapshot
-from gpusched.services.scheduler.policies.base import Policy, QueueSort, unschedulable_reason
+from gpusched.services.scheduler.policies.base import (
+    Policy,
+    QueueSort,
+    ReportsRho,
+    ResidentCapped,
+    unschedulable_reason,
+)
 from gpusched.services.scheduler.results import (
     FINISHED,
     UNFINISHED,
@@ -201,9 +207,10 @@ class Simulator:
         self.own_allocations = 0
         self.jobs: dict[str, SimJob] = {}
         self.pending: dict[str, JobView] = {}
-        self.queue = SortedQueue(getattr(policy, "queue_sort", None))
+        capabilities = policy.capabilities
+        self.queue = SortedQueue(policy.queue_sort)
         #: further orders of the queue the policy can use (see ``Snapshot.orders``)
-        self.extra_queues = [SortedQueue(sort) for sort in getattr(policy, "extra_sorts", ())]
+        self.extra_queues = [SortedQueue(sort) for sort in capabilities.extra_sorts]
         self.running: dict[str, JobView] = {}
         self.unschedulable: dict[str, str] = {}
         g = cluster.total_gpus
@@ -231,8 +238,8 @@ class Simulator:
         #: a policy that sizes jobs by predicted progress (ONES) gets every converging
         #: job's remaining time from a progress predictor trained on the finished ones
         self._progress = (
-            ProgressPredictor(seed=getattr(policy, "seed", 0))
-            if getattr(policy, "predicts_progress", False)
+            ProgressPredictor(seed=capabilities.progress_seed)
+            if capabilities.predicts_progress
             else None
         )
         kind = self.config.predictor
@@ -746,6 +753,7 @@ class Simulator:
         makespan = last_finish - origin
         total = self.cluster.total_gpus
         util = self.busy_gpu_s / (total * makespan) if makespan > 0 else 0.0
+        policy = self.policy
         return SimResult(
             policy=self.policy.name,
             total_gpus=total,
@@ -758,9 +766,11 @@ class Simulator:
             wall_s=wall_s,
             decisions=self.decisions,
             timeline=thin(self.timeline, self.config.timeline_points),
-            max_resident_slowdown=getattr(self.policy, "max_resident_slowdown", None),
+            max_resident_slowdown=(
+                policy.max_resident_slowdown if isinstance(policy, ResidentCapped) else None
+            ),
             prediction=self.sizes.report() if self.sizes is not None else None,
-            rho=getattr(self.policy, "rho", None),
+            rho=policy.rho if isinstance(policy, ReportsRho) else None,
         )
 
 

@@ -22,7 +22,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from gpusched.libs.core.decision import Decision
 from gpusched.libs.core.perf import PerformanceModel
 from gpusched.libs.core.snapshot import Snapshot
-from gpusched.services.scheduler.policies.base import Policy
+from gpusched.services.scheduler.policies.base import Capabilities, Policy
 
 #: Synergy's grid: CPU cores per GPU and host memory GB per GPU
 CPU_AXIS = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 9.0, 12.0, 24.0)
@@ -167,6 +167,10 @@ class OptBounded:
         self._grid = tuple((c, m) for c in cpu_axis for m in mem_axis)
         self._jobs: dict[tuple[str, int, Cell, Cell], OptJob] = {}
         self._last: tuple[tuple[tuple[str, int, Cell, Cell], ...], float | None] | None = None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.policy.capabilities
 
     def __getattr__(self, attr: str) -> Any:
         # name, preemptive, queue_sort and whatever else a driver asks the policy

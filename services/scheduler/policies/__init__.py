@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 from gpusched.services.scheduler.policies.asrpt import Asrpt
-from gpusched.services.scheduler.policies.base import Policy
+from gpusched.services.scheduler.policies.base import (
+    Capabilities,
+    Policy,
+    ReportsRho,
+    ResidentCapped,
+    Scalable,
+)
 from gpusched.services.scheduler.policies.genie import Genie
 from gpusched.services.scheduler.policies.ones import Ones
 from gpusched.services.scheduler.policies.preemptive import Srtf, Tiresias
@@ -31,9 +36,9 @@ POLICIES: dict[str, Callable[[], Policy]] = {
 
 
 def honours_priority(policy: Policy) -> bool:
-    """Whether the policy orders jobs by their ``priority`` (every policy but those that
-    say otherwise with a ``honours_priority`` attribute)."""
-    return bool(getattr(policy, "honours_priority", True))
+    """Whether the policy orders jobs by their ``priority`` (every policy but those whose
+    ``capabilities`` say otherwise)."""
+    return policy.capabilities.honours_priority
 
 
 class UnknownPolicyError(ValueError):
@@ -42,32 +47,37 @@ class UnknownPolicyError(ValueError):
 
 
 #: the policies that take ``max_resident_slowdown`` (those that share GPUs)
-RESIDENT_CAP_POLICIES = tuple(n for n, make in POLICIES.items() if isinstance(make(), SjfBsbf))
+RESIDENT_CAP_POLICIES = tuple(
+    n for n, make in POLICIES.items() if isinstance(make(), ResidentCapped)
+)
 
 
 def make_policy(
     name: str, time_scale: float = 1.0, max_resident_slowdown: float | None = None
 ) -> Policy:
     """The policy ``name``; ``time_scale`` (wall seconds per job second) turns the
-    durations of a policy that has any (``scaled``) into wall seconds;
+    durations of a policy that has any (``Scalable``) into wall seconds;
     ``max_resident_slowdown`` caps how much a policy that shares GPUs may slow a running
-    job (see ``SjfBsbf``), and is ignored by the others (``RESIDENT_CAP_POLICIES``)."""
+    job (``ResidentCapped``), and is ignored by the others (``RESIDENT_CAP_POLICIES``)."""
     factory = POLICIES.get(name.strip().lower())
     if factory is None:
         raise UnknownPolicyError(name)
     policy = factory()
-    if max_resident_slowdown is not None and isinstance(policy, SjfBsbf):
-        policy = replace(policy, max_resident_slowdown=max_resident_slowdown)
-    scaled = getattr(policy, "scaled", None)
-    if time_scale != 1.0 and scaled is not None:
-        return scaled(time_scale)
+    if max_resident_slowdown is not None and isinstance(policy, ResidentCapped):
+        policy = policy.with_max_resident_slowdown(max_resident_slowdown)
+    if time_scale != 1.0 and isinstance(policy, Scalable):
+        return policy.scaled(time_scale)
     return policy
 
 
 __all__ = [
     "POLICIES",
     "RESIDENT_CAP_POLICIES",
+    "Capabilities",
     "Policy",
+    "ReportsRho",
+    "ResidentCapped",
+    "Scalable",
     "UnknownPolicyError",
     "honours_priority",
     "make_policy",

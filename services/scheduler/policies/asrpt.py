@@ -39,10 +39,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from operator import itemgetter
+from typing import ClassVar
 
 from gpusched.libs.core.decision import Decision
 from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.scheduler.policies.base import (
+    PLAIN,
+    Capabilities,
     QueueSort,
     ShapeCache,
     by_priority_ranked,
@@ -112,6 +115,7 @@ class Asrpt:
     #: a running job is preempted only if ``restart_s`` is at most this share of its
     #: predicted remaining time
     max_restart_share: float = 0.5
+    capabilities: ClassVar[Capabilities] = PLAIN
     _order: QueueSort = field(init=False, compare=False, repr=False)
     _shapes: ShapeCache = field(default_factory=ShapeCache, compare=False, repr=False)
     _rho: LemmaRho = field(default_factory=LemmaRho, compare=False, repr=False)

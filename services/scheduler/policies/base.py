@@ -6,7 +6,7 @@ import heapq
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from gpusched.libs.core.decision import Decision, Start
 from gpusched.libs.core.parallelism import Degrees
@@ -23,19 +23,51 @@ class QueueSort:
 
     A driver that knows a policy's queue sort keeps its queue in that order and says so
     in ``Snapshot.queue_order``, so the policy need not sort a long queue every round.
-    A policy may also name further fixed orders in an optional ``extra_sorts`` attribute;
-    a driver that keeps them passes them in ``Snapshot.orders`` (by name), and a policy
-    must decide the same without them.
+    A policy may also name further fixed orders in ``Capabilities.extra_sorts``; a driver
+    that keeps them passes them in ``Snapshot.orders`` (by name), and a policy must
+    decide the same without them.
     """
 
     name: str
     key: SortKey
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a policy tells its drivers besides its decisions: the simulator and the
+    live scheduler, ``make_policy``, ``gpusched simulate`` and the notes under its
+    results read these, and nothing else, off a policy. Each policy declares its own
+    as ``capabilities``; the defaults are a plain policy's."""
+
+    #: further fixed orders of the queue the policy can use; a driver may keep them and
+    #: pass them in ``Snapshot.orders`` (see ``QueueSort``)
+    extra_sorts: tuple[QueueSort, ...] = ()
+    #: a running job that converges is given the remaining time a progress predictor
+    #: sees in its epochs (ONES): the simulator trains one seeded with
+    #: ``progress_seed``, the live scheduler asks the predictor service
+    predicts_progress: bool = False
+    progress_seed: int = 0
+    #: orders a tenant's jobs by their priority (``by_priority``); False: a job with a
+    #: priority is refused rather than silently ignored
+    honours_priority: bool = True
+    #: may start a job on GPUs a running job holds (``Start.shares_with``)
+    shares_gpus: bool = False
+    #: gives running jobs CPU cores and host memory of their own (``Reallocate``)
+    tunes_cpu_mem: bool = False
+    #: restarts running jobs in another shape (``Resize``)
+    resizes: bool = False
+    #: for a policy that orders jobs by deadline, what it does when no job has one (a
+    #: clause after "so"); None: deadlines do not order its queue
+    without_deadlines: str | None = None
+
+
+#: what a policy that declares nothing more can do
+PLAIN = Capabilities()
+
+
 class Policy(Protocol):
-    """A pure ``decide``. Optional attributes a driver may use: ``extra_sorts`` (see
-    ``QueueSort``) and ``scaled(time_scale)``, the policy with its own durations turned
-    into wall seconds of a cluster that runs jobs ``1/time_scale`` times faster."""
+    """A pure ``decide``, with what it declares to its drivers (``capabilities``).
+    A policy may also be ``Scalable``, ``ResidentCapped`` or ``ReportsRho``."""
 
     @property
     def name(self) -> str: ...
@@ -48,7 +80,40 @@ class Policy(Protocol):
         """The order the policy reads the queue in, if it is fixed."""
         ...
 
+    @property
+    def capabilities(self) -> Capabilities: ...
+
     def decide(self, snapshot: Snapshot) -> Decision: ...
+
+
+@runtime_checkable
+class Scalable(Protocol):
+    """A policy with durations of its own (thresholds, waits, restart costs)."""
+
+    def scaled(self, time_scale: float) -> Policy:
+        """This policy with its durations turned into wall seconds of a cluster that
+        runs jobs ``1/time_scale`` times faster."""
+        ...
+
+
+@runtime_checkable
+class ResidentCapped(Protocol):
+    """A policy that shares GPUs and can cap how much it slows a running job."""
+
+    @property
+    def max_resident_slowdown(self) -> float | None: ...
+
+    def with_max_resident_slowdown(self, cap: float) -> Policy:
+        """This policy refusing partners it would slow by more than ``cap``."""
+        ...
+
+
+@runtime_checkable
+class ReportsRho(Protocol):
+    """A policy that works out A-SRPT's Lemma-1 factor over the jobs it started."""
+
+    @property
+    def rho(self) -> float: ...
 
 
 def ordered_pending(snapshot: Snapshot, sort: QueueSort) -> Sequence[JobView]:

@@ -79,6 +79,7 @@ from gpusched.libs.core.parallelism import consolidated
 from gpusched.libs.core.placement import FreeGpus
 from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.scheduler.policies.base import (
+    Capabilities,
     ModelBasis,
     QueueSort,
     ShapeCache,
@@ -121,6 +122,11 @@ def slack_key(job: JobView) -> tuple[int, float, float, str]:
 #: deadline jobs at its head whose allowance has gone below zero
 SLACK_ORDER = QueueSort("deadline-slack", slack_key)
 
+GENIE_CAPABILITIES = Capabilities(
+    without_deadlines="its deadline order and admission had nothing to act on: it ran "
+    "jobs shortest predicted run time first, with backfill"
+)
+
 
 @dataclass(frozen=True)
 class Genie:
@@ -141,6 +147,10 @@ class Genie:
     @property
     def queue_sort(self) -> QueueSort:
         return SLACK_ORDER
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return GENIE_CAPABILITIES
 
     def decide(self, snapshot: Snapshot) -> Decision:
         now = snapshot.now

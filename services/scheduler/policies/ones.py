@@ -10,9 +10,9 @@ best 16 of the 48 kept. The best individual is applied.
 
 Priorities cannot be honoured here (our choice): the search re-plans every job's size
 each generation, so there is no queue order whose places a tenant's priorities could
-refill. ``honours_priority = False`` says so, and jobs with one are refused instead
-(admission while this policy leads, ``gpusched simulate``; docs/architecture.md,
-Priorities).
+refill. Its capabilities say so (``honours_priority``), and jobs with one are refused
+instead (admission while this policy leads, ``gpusched simulate``;
+docs/architecture.md, Priorities).
 
 Fitness (lower is better; ours, see below) is minus the rate at which the placed jobs
 finish: ``-sum 1 / (remaining samples at n / throughput at n + restart)`` over the jobs a
@@ -119,6 +119,7 @@ from gpusched.libs.core.decision import Decision, Preempt, Resize, Start
 from gpusched.libs.core.perf import ConvergenceSource
 from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.scheduler.policies.base import (
+    Capabilities,
     ModelBasis,
     QueueSort,
     exclusive_accum,
@@ -245,12 +246,6 @@ class Ones:
     restart_s: float = 30.0
     name: str = "ones"
     preemptive: bool = True
-    #: the search re-plans every job's size, so a job's priority cannot order it: a job
-    #: with one is refused (admission, simulate) rather than silently ignored
-    honours_priority: bool = False
-    #: a simulator gives converging jobs the remaining time its progress predictor
-    #: sees in their epochs (ONES's fitness counts predicted remaining samples)
-    predicts_progress: bool = True
     #: ONES's rule: every new job starts on exactly one GPU. False (ours): on one GPU or,
     #: doubling, on up to the GPUs it asked for (docs/results.md measures both)
     start_on_one_gpu: bool = True
@@ -288,6 +283,17 @@ class Ones:
         if not (self.restart_s >= 0 and math.isfinite(self.restart_s)):
             raise ValueError(f"restart_s must be a finite number >= 0, got {self.restart_s!r}")
         self._rng = np.random.default_rng(self.seed)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The search re-plans every job's size, so a job's priority cannot order it: a
+        job with one is refused (admission, simulate) rather than silently ignored. A
+        driver gives converging jobs the remaining time a progress predictor (seeded as
+        this search) sees in their epochs: ONES's fitness counts predicted remaining
+        samples. It resizes running jobs."""
+        return Capabilities(
+            predicts_progress=True, progress_seed=self.seed, honours_priority=False, resizes=True
+        )
 
     def scaled(self, time_scale: float) -> Ones:
         return Ones(

@@ -24,11 +24,14 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from operator import attrgetter, itemgetter
+from typing import ClassVar
 
 from gpusched.libs.core.decision import Decision, Preempt, Start
 from gpusched.libs.core.placement import FreeGpus
 from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.scheduler.policies.base import (
+    PLAIN,
+    Capabilities,
     LazyReasons,
     QueueSort,
     ShapeCache,
@@ -222,6 +225,7 @@ class Srtf:
     name: str = "srtf"
     preemptive: bool = True
     queue_sort: QueueSort | None = SRTF_ORDER
+    capabilities: ClassVar[Capabilities] = PLAIN
     _shapes: ShapeCache = field(default_factory=ShapeCache, compare=False, repr=False)
 
     def decide(self, snapshot: Snapshot) -> Decision:
@@ -444,11 +448,12 @@ class Tiresias:
         return self._base_sort
 
     @property
-    def extra_sorts(self) -> tuple[QueueSort, ...]:
-        """Queued jobs by when they are promoted (never, for jobs not yet run), and by
-        size then base queue: with them a decision finds the promoted jobs and its next
-        wake-up without a scan, and reads only queued jobs that still fit the GPUs left."""
-        return (self._promote_sort, self._size_sort)
+    def capabilities(self) -> Capabilities:
+        """Further orders (``extra_sorts``): queued jobs by when they are promoted
+        (never, for jobs not yet run), and by size then base queue: with them a decision
+        finds the promoted jobs and its next wake-up without a scan, and reads only
+        queued jobs that still fit the GPUs left."""
+        return Capabilities(extra_sorts=(self._promote_sort, self._size_sort))
 
     def _promoted_run(self, job: JobView) -> bool:
         """Whether a running job's current run began because its wait promoted it."""

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from gpusched.libs.core.decision import Decision
 from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.scheduler.policies.base import (
+    PLAIN,
+    Capabilities,
     QueueSort,
     ShapeCache,
     greedy_exclusive,
@@ -41,6 +44,7 @@ class Fifo:
     name: str = "fifo"
     preemptive: bool = False
     queue_sort: QueueSort | None = FIFO_ORDER
+    capabilities: ClassVar[Capabilities] = PLAIN
     _shapes: ShapeCache = field(default_factory=ShapeCache, compare=False, repr=False)
 
     def decide(self, snapshot: Snapshot) -> Decision:
@@ -65,6 +69,7 @@ class Sjf:
     name: str = "sjf"
     preemptive: bool = False
     queue_sort: QueueSort | None = SJF_ORDER
+    capabilities: ClassVar[Capabilities] = PLAIN
     _shapes: ShapeCache = field(default_factory=ShapeCache, compare=False, repr=False)
 
     def decide(self, snapshot: Snapshot) -> Decision:
@@ -79,6 +84,10 @@ class Edf:
     name: str = "edf"
     preemptive: bool = False
     queue_sort: QueueSort | None = EDF_ORDER
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        without_deadlines="it ran them in submission order, skipping those that do not "
+        "fit: the order of fifo-backfill"
+    )
     _shapes: ShapeCache = field(default_factory=ShapeCache, compare=False, repr=False)
 
     def decide(self, snapshot: Snapshot) -> Decision:

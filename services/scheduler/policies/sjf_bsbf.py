@@ -33,12 +33,14 @@ import heapq
 import math
 from bisect import bisect_right
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 from gpusched.libs.core.decision import Decision, Start
 from gpusched.libs.core.placement import FreeGpus
 from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.scheduler.policies.base import (
+    Capabilities,
     ModelBasis,
     QueueSort,
     ShapeCache,
@@ -97,6 +99,7 @@ class SjfBsbf:
     name: str = "sjf-bsbf"
     preemptive: bool = False
     queue_sort: QueueSort | None = SJF_ORDER
+    capabilities: ClassVar[Capabilities] = Capabilities(shares_gpus=True)
     #: most queued jobs examined for sharing in one decision (the rest wait a round), so
     #: a decision over a long queue stays bounded, as Slurm's bf_max_job_test does
     share_lookahead: int = 256
@@ -150,6 +153,10 @@ class SjfBsbf:
         problem = resident_cap_problem(self.max_resident_slowdown)
         if problem:
             raise ValueError(f"max_resident_slowdown: {problem}")
+
+    def with_max_resident_slowdown(self, cap: float) -> SjfBsbf:
+        """This policy, also refusing partners it would slow by more than ``cap``."""
+        return replace(self, max_resident_slowdown=cap)
 
     def _sync(self, snapshot: Snapshot) -> None:
         """Forget the pairing caches when a snapshot brings another cluster or model."""

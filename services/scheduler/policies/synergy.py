@@ -28,13 +28,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import chain
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 from gpusched.libs.core.cluster import Cluster, Node
 from gpusched.libs.core.decision import Decision, Reallocate, Start
 from gpusched.libs.core.perf import demand_on_node
 from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.scheduler.policies.base import (
+    Capabilities,
     ModelBasis,
     QueueSort,
     ShapeCache,
@@ -365,6 +366,7 @@ class SynergyTune:
     order: QueueSort = FIFO_ORDER
     name: str = "synergy-fifo"
     preemptive: bool = False
+    capabilities: ClassVar[Capabilities] = Capabilities(tunes_cpu_mem=True)
     #: raise running jobs back to their best case when their node has room again
     retune_running: bool = True
     _shapes: ShapeCache = field(default_factory=ShapeCache, compare=False, repr=False)
