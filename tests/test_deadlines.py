@@ -488,7 +488,7 @@ def _crowded_spread_snapshots(draw: st.DrawFn) -> Snapshot:
 def test_passing_over_jobs_that_cannot_start_early_changes_no_outcome_or_reason(
     snap: Snapshot, hold: bool
 ):
-    from gpusched.services.scheduler.policies.base import ShapeCache
+    from gpusched.libs.core.placement import ShapeCache
     from gpusched.services.scheduler.policies.genie import SpreadCost, placing
 
     def decide(skip_early: bool) -> Decision:

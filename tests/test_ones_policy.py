@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from gpusched.libs.core.convergence import builtin_convergence
 from gpusched.libs.core.decision import Decision, decision_problems
+from gpusched.libs.core.placement import ContiguousGpus
 from gpusched.libs.core.snapshot import Snapshot
 from gpusched.services.scheduler.policies import POLICIES
 from gpusched.services.scheduler.policies.base import Capabilities
@@ -19,7 +20,6 @@ from gpusched.services.scheduler.policies.ones import (
     NONE,
     POPULATION,
     Ones,
-    _best_block,
     _Problem,
     _samples_at,
 )
@@ -425,18 +425,20 @@ def test_a_job_that_grows_where_no_free_block_holds_it_moves_a_job_that_keeps_it
 
 
 def _compacted_block_by_block(policy: Ones, p: _Problem, size: np.ndarray) -> np.ndarray | None:
-    """``Ones._compacted`` as its rule reads: every job's block from ``_best_block``."""
+    """``Ones._compacted`` as its rule reads: every job's block from
+    ``ContiguousGpus.best_block``."""
     placed = np.flatnonzero((size > 0) & ~p.frozen)
     placed = placed[np.lexsort((p.id_rank[placed], -size[placed]))].tolist()
     for keep_own in (True, False):
         again = np.where(np.append(p.frozen, False)[p.occupancy], p.occupancy, NONE)
+        line = ContiguousGpus(p.cluster, again, p.node_of)
         for i in placed:
             n = int(size[i])
             own = p.own(i) if keep_own and p.jobs[i].view.gpu_ids else None
-            block = _best_block(again, n, own, p.node_of)
+            block = line.best_block(n, own)
             if block is None:
                 break
-            again[block : block + n] = i
+            line.take_block(block, n, i)
         else:
             return again
     return None
@@ -452,7 +454,7 @@ def test_laying_every_job_out_again_takes_the_blocks_a_block_by_block_search_tak
     layout, queued, picks
 ):
     """The re-layout's shortcuts (a job's own free block, one-GPU jobs from a heap of free
-    runs) choose what ``_best_block`` chooses for every job in turn."""
+    runs) choose what ``ContiguousGpus.best_block`` chooses for every job in turn."""
     cl = cluster(2, 8, gpu_mem_mb=64_000)
     run, gpu = [], 0
     for k, (gap, n) in enumerate(layout):

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from gpusched.libs.core.decision import Decision, Preempt, Start
 from gpusched.libs.core.groundtruth import load_performance_model
-from gpusched.libs.core.placement import FreeGpus
+from gpusched.libs.core.placement import FreeGpus, place_exclusive, unschedulable_reason
 from gpusched.libs.core.shape import JobShape
 from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.scheduler.policies import make_policy, sjf_bsbf
@@ -35,8 +35,6 @@ from gpusched.services.scheduler.policies.base import (
     QueueSort,
     busy_reason,
     no_room_reason,
-    place_exclusive,
-    unschedulable_reason,
 )
 from gpusched.services.scheduler.policies.preemptive import Srtf, Tiresias
 from gpusched.services.scheduler.policies.sharing import (

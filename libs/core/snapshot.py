@@ -156,3 +156,22 @@ class Snapshot:
             node_free=tuple(n.gpus for n in cluster.nodes),
             estimates=estimates,
         )
+
+
+class ModelBasis:
+    """The cluster and performance model that a policy's cached work was computed for:
+    what depends on them is forgotten when a snapshot brings others."""
+
+    __slots__ = ("_cluster", "_estimates")
+
+    def __init__(self) -> None:
+        self._cluster: object = None
+        self._estimates: object = None
+
+    def moved(self, snapshot: Snapshot) -> bool:
+        """Whether ``snapshot`` brings another cluster or model than the last one asked
+        about (which it then remembers)."""
+        if snapshot.cluster is self._cluster and snapshot.estimates is self._estimates:
+            return False
+        self._cluster, self._estimates = snapshot.cluster, snapshot.estimates
+        return True

@@ -24,6 +24,7 @@ from gpusched.libs.core.jobs import JobSpec
 from gpusched.libs.core.lifecycle import JobState
 from gpusched.libs.core.parallelism import alone_iteration_time, placed_iteration_time
 from gpusched.libs.core.perf import ConvergenceSource, PerformanceModel
+from gpusched.libs.core.placement import unschedulable_reason
 from gpusched.libs.core.progress import EpochRecord, ProgressPredictor, blended_remaining_iterations
 from gpusched.libs.core.size_predictor import PREDICTORS, SubmissionSizes
 from gpusched.libs.core.snapshot import JobView, Snapshot
@@ -32,7 +33,6 @@ from gpusched.services.scheduler.policies.base import (
     QueueSort,
     ReportsRho,
     ResidentCapped,
-    unschedulable_reason,
 )
 from gpusched.services.scheduler.results import (
     FINISHED,

@@ -42,12 +42,12 @@ from operator import itemgetter
 from typing import ClassVar
 
 from gpusched.libs.core.decision import Decision
+from gpusched.libs.core.placement import ShapeCache
 from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.scheduler.policies.base import (
     PLAIN,
     Capabilities,
     QueueSort,
-    ShapeCache,
     by_priority_ranked,
     has_priorities,
 )

@@ -1,4 +1,6 @@
-"""What every policy shares: the protocol, feasibility checks and greedy exclusive placement."""
+"""What every policy shares: the protocol, the priority pass, reasons and greedy exclusive
+placement (the placement itself, and whether a job can run at all, are in
+``gpusched.libs.core.placement``)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,7 @@ from operator import itemgetter
 from typing import Protocol, runtime_checkable
 
 from gpusched.libs.core.decision import Decision, Start
-from gpusched.libs.core.parallelism import Degrees
-from gpusched.libs.core.placement import FreeGpus
-from gpusched.libs.core.shape import accum_steps_choices
+from gpusched.libs.core.placement import FreeGpus, ShapeCache, place_exclusive
 from gpusched.libs.core.snapshot import JobView, Snapshot
 
 SortKey = Callable[[JobView], tuple]
@@ -239,95 +239,6 @@ class LazyReasons(Mapping[str, str]):
         return sum(1 for _ in self)
 
 
-def accum_choices(job: JobView) -> tuple[int, ...]:
-    """Accumulation steps that leave every sub-batch at least one sample."""
-    return accum_steps_choices(job.batch_size, job.gpus)
-
-
-def exclusive_accum(job: JobView, snapshot: Snapshot, gpu_mem_mb: float) -> int | None:
-    """Fewest accumulation steps whose per-GPU memory fits an idle GPU, None if none does."""
-    est = snapshot.estimates
-    for k in accum_choices(job):
-        if est.gpu_memory_mb(job.model, job.batch_size / (job.gpus * k)) <= gpu_mem_mb:
-            return k
-    return None
-
-
-def unschedulable_reason(job: JobView, snapshot: Snapshot) -> str | None:
-    """Why the job can never run on this cluster, or None if it can."""
-    total = snapshot.cluster.total_gpus
-    if job.gpus > total:
-        return f"unschedulable: needs {job.gpus} GPUs; the cluster has {total}"
-    biggest = snapshot.cluster.max_gpu_mem_mb
-    if exclusive_accum(job, snapshot, biggest) is None:
-        smallest = job.batch_size / (job.gpus * max(accum_choices(job) or (1,)))
-        need = snapshot.estimates.gpu_memory_mb(job.model, smallest)
-        return (
-            f"unschedulable: needs {need:.0f} MiB per GPU even at a sub-batch of "
-            f"{smallest:g}; the largest GPU has {biggest} MiB"
-        )
-    return None
-
-
-class ModelBasis:
-    """The cluster and performance model that a policy's cached work was computed for:
-    what depends on them is forgotten when a snapshot brings others."""
-
-    __slots__ = ("_cluster", "_estimates")
-
-    def __init__(self) -> None:
-        self._cluster: object = None
-        self._estimates: object = None
-
-    def moved(self, snapshot: Snapshot) -> bool:
-        """Whether ``snapshot`` brings another cluster or model than the last one asked
-        about (which it then remembers)."""
-        if snapshot.cluster is self._cluster and snapshot.estimates is self._estimates:
-            return False
-        self._cluster, self._estimates = snapshot.cluster, snapshot.estimates
-        return True
-
-
-class ShapeCache:
-    """Per job shape (model, batch, GPUs), for one cluster and one performance model: why
-    the shape can never run (None if it can) and the accumulation it runs alone with.
-
-    Both depend only on the shape, so a policy that keeps one of these asks the
-    performance model once per shape instead of once per queued job and decision. It
-    forgets everything when a snapshot brings another cluster or model.
-    """
-
-    def __init__(self) -> None:
-        self._basis = ModelBasis()
-        self._bad: dict[tuple[str, int, int], str | None] = {}
-        self._accum: dict[tuple[str, int, int], int] = {}
-
-    def _sync(self, snapshot: Snapshot) -> None:
-        if self._basis.moved(snapshot):
-            self._bad.clear()
-            self._accum.clear()
-
-    def unschedulable(self, job: JobView, snapshot: Snapshot) -> str | None:
-        self._sync(snapshot)
-        key = (job.model, job.batch_size, job.gpus)
-        try:
-            return self._bad[key]
-        except KeyError:
-            bad = self._bad[key] = unschedulable_reason(job, snapshot)
-            return bad
-
-    def exclusive_accum(self, job: JobView, snapshot: Snapshot) -> int:
-        """Accumulation steps for an idle GPU of the smallest memory (1 if none fits)."""
-        self._sync(snapshot)
-        key = (job.model, job.batch_size, job.gpus)
-        try:
-            return self._accum[key]
-        except KeyError:
-            accum = exclusive_accum(job, snapshot, snapshot.cluster.min_gpu_mem_mb) or 1
-            self._accum[key] = accum
-            return accum
-
-
 def no_room_reason(job: JobView, free: FreeGpus) -> str:
     return no_room_text(job.gpus, free.total, free.largest_block())
 
@@ -341,30 +252,6 @@ def no_room_text(gpus: int, idle: int, block: int) -> str:
 
 def busy_reason(snapshot: Snapshot) -> str:
     return f"all {snapshot.cluster.total_gpus} GPUs are busy; waiting for a job to finish"
-
-
-def place_exclusive(
-    job: JobView, free: FreeGpus, snapshot: Snapshot, shapes: ShapeCache | None = None
-) -> Start | None:
-    if job.gpus > free.total:
-        return None
-    if shapes is not None:
-        accum = shapes.exclusive_accum(job, snapshot)
-    else:
-        accum = exclusive_accum(job, snapshot, snapshot.cluster.min_gpu_mem_mb) or 1
-    gpus = free.take(job.gpus) if model_parallel(job) == 1 else free.take_parallel(
-        Degrees.of(job.gpus, job.tensor_parallel, job.pipeline_parallel)
-    )
-    if gpus is None:
-        return None
-    return Start(job.job_id, tuple(gpus), accum)
-
-
-def model_parallel(job: JobView) -> int:
-    """A job's tensor x pipeline degree; 1 (placed as plain data parallel) for a job
-    resized to a GPU count that degree does not divide, which then runs data parallel."""
-    degree = job.tensor_parallel * job.pipeline_parallel
-    return degree if degree > 1 and job.gpus % degree == 0 else 1
 
 
 class SkippedReasons(Mapping[str, str]):

@@ -75,22 +75,18 @@ from dataclasses import dataclass, field
 from itertools import chain, islice, tee
 
 from gpusched.libs.core.decision import Decision, Start
-from gpusched.libs.core.placement import FreeGpus
-from gpusched.libs.core.snapshot import JobView, Snapshot
+from gpusched.libs.core.placement import FreeGpus, ShapeCache, model_parallel, place_exclusive
+from gpusched.libs.core.snapshot import JobView, ModelBasis, Snapshot
 from gpusched.services.scheduler.policies.base import (
     Capabilities,
-    ModelBasis,
     QueueSort,
-    ShapeCache,
     SkippedReasons,
     busy_reason,
     by_priority,
     greedy_exclusive,
     has_priorities,
-    model_parallel,
     no_room_reason,
     ordered_pending,
-    place_exclusive,
 )
 from gpusched.services.scheduler.policies.genie_timeline import Plan, PlansKept, Timeline
 

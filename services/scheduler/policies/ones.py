@@ -106,7 +106,6 @@ What we added so the search scales (ours, not the method's):
 
 from __future__ import annotations
 
-import heapq
 import math
 import sys
 from collections.abc import Sequence
@@ -117,14 +116,14 @@ import numpy as np
 from gpusched.libs.core.convergence import Convergence
 from gpusched.libs.core.decision import Decision, Preempt, Resize, Start
 from gpusched.libs.core.perf import ConvergenceSource
-from gpusched.libs.core.snapshot import JobView, Snapshot
-from gpusched.services.scheduler.policies.base import (
-    Capabilities,
-    ModelBasis,
-    QueueSort,
+from gpusched.libs.core.placement import (
+    FREE,
+    ContiguousGpus,
     exclusive_accum,
     unschedulable_reason,
 )
+from gpusched.libs.core.snapshot import JobView, ModelBasis, Snapshot
+from gpusched.services.scheduler.policies.base import Capabilities, QueueSort
 from gpusched.services.scheduler.policies.simple import FIFO_ORDER, fifo_key
 
 POPULATION = 16
@@ -142,7 +141,8 @@ REPAIR_ROUNDS = 4
 #: per-GPU batches up to 2 ** this times a job's own are tried (``batch_search``)
 BATCH_SPREAD_LOG2 = 3
 
-NONE = -1
+#: no job: an idle GPU in a layout
+NONE = FREE
 
 
 @dataclass
@@ -172,6 +172,7 @@ class _Problem:
 
     def __init__(self, snapshot: Snapshot, jobs: list[_Job], restart_s: float = 0.0) -> None:
         self.jobs = jobs
+        self.cluster = snapshot.cluster
         self.total = total = snapshot.cluster.total_gpus
         self.node_of = np.asarray(snapshot.cluster.gpu_node, dtype=np.int64)
         count = len(jobs)
@@ -552,28 +553,18 @@ class Ones:
         if len(movers) == 0:
             return occ
         movers = movers[np.lexsort((p.id_rank[movers], -size[movers]))]
-        #: free runs as (length, start) while one-GPU jobs with no GPUs of their own are
-        #: placed in a row: each takes the first GPU of the tightest run, as
-        #: ``_best_block`` would (None: to be read from ``occ`` again)
-        runs: list[tuple[int, int]] | None = None
+        line = ContiguousGpus(p.cluster, occ, p.node_of)  # lays jobs out in ``occ``
         short = False
         for i in movers.tolist():
             job = p.jobs[i]
             if size[i] == 1 and not job.view.gpu_ids:
-                if runs is None:
-                    runs = _free_runs(occ)
-                if runs:
-                    length, start = heapq.heappop(runs)
-                    occ[start] = i
-                    if length > 1:
-                        heapq.heappush(runs, (length - 1, start + 1))
+                line.take_tightest(i)  # where best_block(1) would put it
                 continue
-            runs = None
             own = p.own(i) if job.view.gpu_ids else None
             for n in reversed([n for n in job.sizes if n <= size[i]]):
-                block = _best_block(occ, n, own, p.node_of)
+                block = line.best_block(n, own)
                 if block is not None:
-                    occ[block : block + n] = i
+                    line.take_block(block, n, i)
                     break
             else:
                 n = 0
@@ -593,34 +584,23 @@ class Ones:
         placed = placed[np.lexsort((p.id_rank[placed], -size[placed]))].tolist()
         for keep_own in (True, False):
             again = np.where(np.append(p.frozen, False)[p.occupancy], p.occupancy, NONE)
-            #: free runs while one-GPU jobs placed as ``_best_block`` would place them
-            #: are taken in a row (None: to be read from ``again`` again), as in _layout
-            runs: list[tuple[int, int]] | None = None
+            line = ContiguousGpus(p.cluster, again, p.node_of)  # lays jobs out in ``again``
             for i in placed:
                 n = int(size[i])
                 own = p.own(i) if keep_own and p.jobs[i].view.gpu_ids else None
                 home = p.home[i]
-                if own is not None and n == p.current[i] and home >= 0 and (
-                    again[home : home + n] == NONE
-                ).all():
+                if own is not None and n == p.current[i] and home >= 0 and line.is_free(home, n):
                     # its own contiguous block, free: the only block of the most overlap
                     block: int | None = home
                 elif n == 1 and own is None:
-                    if runs is None:
-                        runs = _free_runs(again)
-                    if not runs:
+                    if line.take_tightest(i) is None:
                         break
-                    length, block = heapq.heappop(runs)
-                    if length > 1:
-                        heapq.heappush(runs, (length - 1, block + 1))
-                    again[block] = i
                     continue
                 else:
-                    block = _best_block(again, n, own, p.node_of)
+                    block = line.best_block(n, own)
                 if block is None:
                     break
-                runs = None
-                again[block : block + n] = i
+                line.take_block(block, n, i)
             else:
                 return again
         return occ
@@ -895,41 +875,6 @@ def _doubling_floor(n: int) -> int:
 def _contiguous(ids: Sequence[int]) -> bool:
     ordered = sorted(ids)
     return bool(ordered) and ordered[-1] - ordered[0] == len(ordered) - 1
-
-
-def _free_runs(occ: np.ndarray) -> list[tuple[int, int]]:
-    """The runs of free GPUs as a heap of (length, start)."""
-    edges = np.diff(np.concatenate(([0], (occ == NONE).view(np.int8), [0])))
-    starts = np.flatnonzero(edges == 1)
-    runs = list(zip((np.flatnonzero(edges == -1) - starts).tolist(), starts.tolist(), strict=True))
-    heapq.heapify(runs)
-    return runs
-
-
-def _best_block(
-    occ: np.ndarray, n: int, own: np.ndarray | None, node_of: np.ndarray
-) -> int | None:
-    """Start of the free block of ``n`` GPUs that overlaps the GPUs counted in ``own``
-    (a prefix sum over GPUs; None: no GPU) most, spans the fewest nodes and sits in the
-    tightest free run; None if no free run holds ``n``."""
-    total = len(occ)
-    edges = np.diff(np.concatenate(([0], (occ == NONE).view(np.int8), [0])))
-    starts = np.flatnonzero(edges == 1)
-    runs = np.flatnonzero(edges == -1) - starts
-    roomy = runs >= n
-    if not roomy.any():
-        return None
-    starts, runs = starts[roomy], runs[roomy]
-    # every window start inside every run that holds n
-    windows = runs - n + 1
-    offsets = np.arange(int(windows.sum())) - np.repeat(np.cumsum(windows) - windows, windows)
-    s = np.repeat(starts, windows) + offsets
-    run = np.repeat(runs, windows)
-    overlap = 0 if own is None else own[s + n] - own[s]
-    nodes = node_of[s + n - 1] - node_of[s] + 1
-    base = total + 1
-    key = (((n - overlap) * base + nodes) * base + run) * base + s
-    return int(s[np.argmin(key)])
 
 
 def _sequence(

@@ -27,20 +27,22 @@ from operator import attrgetter, itemgetter
 from typing import ClassVar
 
 from gpusched.libs.core.decision import Decision, Preempt, Start
-from gpusched.libs.core.placement import FreeGpus
+from gpusched.libs.core.placement import (
+    FreeGpus,
+    ShapeCache,
+    place_exclusive,
+    unschedulable_reason,
+)
 from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.scheduler.policies.base import (
     PLAIN,
     Capabilities,
     LazyReasons,
     QueueSort,
-    ShapeCache,
     busy_reason,
     by_priority_ranked,
     has_priorities,
     no_room_reason,
-    place_exclusive,
-    unschedulable_reason,
 )
 
 RankKey = Callable[[JobView], tuple]

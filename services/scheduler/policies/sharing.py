@@ -10,9 +10,9 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gpusched.libs.core.placement import accum_choices
 from gpusched.libs.core.shape import JobShape
 from gpusched.libs.core.snapshot import JobView, Snapshot
-from gpusched.services.scheduler.policies.base import accum_choices
 
 if TYPE_CHECKING:
     from gpusched.services.scheduler.policies.slots import SlotGroup

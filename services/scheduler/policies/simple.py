@@ -6,12 +6,12 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from gpusched.libs.core.decision import Decision
+from gpusched.libs.core.placement import ShapeCache
 from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.scheduler.policies.base import (
     PLAIN,
     Capabilities,
     QueueSort,
-    ShapeCache,
     greedy_exclusive,
     ordered_pending,
 )

@@ -37,16 +37,13 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from gpusched.libs.core.decision import Decision, Start
-from gpusched.libs.core.placement import FreeGpus
-from gpusched.libs.core.snapshot import JobView, Snapshot
+from gpusched.libs.core.placement import FreeGpus, ShapeCache, place_exclusive
+from gpusched.libs.core.snapshot import JobView, ModelBasis, Snapshot
 from gpusched.services.scheduler.policies.base import (
     Capabilities,
-    ModelBasis,
     QueueSort,
-    ShapeCache,
     busy_reason,
     ordered_pending,
-    place_exclusive,
 )
 from gpusched.services.scheduler.policies.sharing import (
     BenefitWindow,

@@ -9,8 +9,7 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from gpusched.libs.core.snapshot import JobView, Snapshot
-from gpusched.services.scheduler.policies.base import ModelBasis
+from gpusched.libs.core.snapshot import JobView, ModelBasis, Snapshot
 from gpusched.services.scheduler.policies.sharing import BenefitWindow
 
 

@@ -22,23 +22,19 @@ down to fair as a victim or back up to its best case when the node has room agai
 
 from __future__ import annotations
 
-import heapq
-from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from itertools import chain
 from typing import ClassVar, NamedTuple
 
 from gpusched.libs.core.cluster import Cluster, Node
 from gpusched.libs.core.decision import Decision, Reallocate, Start
 from gpusched.libs.core.perf import demand_on_node
-from gpusched.libs.core.snapshot import JobView, Snapshot
+from gpusched.libs.core.placement import FreeCapacity, ShapeCache
+from gpusched.libs.core.snapshot import JobView, ModelBasis, Snapshot
 from gpusched.services.scheduler.policies.base import (
     Capabilities,
-    ModelBasis,
     QueueSort,
-    ShapeCache,
     SkippedReasons,
     ordered_pending,
 )
@@ -211,11 +207,10 @@ class _Held:
         )
 
 
-class _Cluster:
+class _Cluster(FreeCapacity):
     """Idle GPUs, free CPUs and free memory per node, as the decision changes them, and
     the jobs it has looked at closely (``held``: started, victims and their rivals,
-    raised). Idle GPU ids and the jobs on a node are listed only for the nodes asked
-    about."""
+    raised). The jobs on a node are listed only for the nodes asked about."""
 
     def __init__(
         self,
@@ -224,38 +219,21 @@ class _Cluster:
         cpus: list[float],
         mem: list[float],
     ) -> None:
-        cluster = snapshot.cluster
-        self.cluster = cluster
+        super().__init__(snapshot, cpus, mem)
+        self.cluster = snapshot.cluster
         self.records = records
-        self.cpus = cpus
-        self.mem = mem
         self.held: dict[str, _Held] = {}
         #: allocation before this decision of every running job in ``held``
         self.before: dict[str, Vector] = {}
-        self._load = snapshot.gpu_load
-        self.free = list(snapshot.node_free)
-        self.total_idle = sum(self.free)
-        #: nodes by idle GPUs, each list in ascending index
-        self._by_free: list[list[int]] = [[] for _ in range(cluster.max_gpus_per_node + 1)]
-        if self.total_idle:
-            for node, free in enumerate(self.free):
-                if free:
-                    self._by_free[free].append(node)
-        self._idle_gpus: dict[int, list[int]] = {}
         self._on_node: dict[int, list[_Running | _Held]] | None = None
 
     # ------------------------------------------------------------------ CPU, memory
 
-    def charge(self, held: _Held, alloc: Vector, sign: float = 1.0) -> None:
-        for node in held.nodes:
-            part = held.share(node)
-            self.cpus[node] -= sign * alloc.cpus * part
-            self.mem[node] -= sign * alloc.mem_gb * part
-
     def set_alloc(self, held: _Held, alloc: Vector) -> None:
-        self.charge(held, held.alloc, -1.0)
+        job_gpus = held.job.gpus
+        self.charge(held.nodes, job_gpus, held.alloc.cpus, held.alloc.mem_gb, -1.0)
         held.alloc = alloc
-        self.charge(held, alloc)
+        self.charge(held.nodes, job_gpus, alloc.cpus, alloc.mem_gb)
 
     def held_of(self, rec: _Running) -> _Held:
         """The running job's allocation as this decision changes it."""
@@ -285,29 +263,12 @@ class _Cluster:
     def gpu_preference(self, gpus: int) -> Iterator[int]:
         """Nodes with ``gpus`` idle GPUs in Synergy's order: one GPU goes to the node with
         the fewest idle GPUs, more to the first node (lowest index) that has them."""
-        buckets = self._by_free[gpus:]
-        if gpus == 1:
-            return chain.from_iterable(buckets)
-        return heapq.merge(*buckets)
-
-    def spread(self, gpus: int) -> dict[int, int] | None:
-        """The fewest nodes holding ``gpus`` idle GPUs (most idle first, lowest index)."""
-        if gpus > self.total_idle:
-            return None
-        chosen: dict[int, int] = {}
-        need = gpus
-        for node in chain.from_iterable(reversed(self._by_free)):
-            take = min(need, self.free[node])
-            chosen[node] = take
-            need -= take
-            if need == 0:
-                break
-        return chosen
+        return self.nodes_holding(gpus, best_fit=gpus == 1)
 
     def start(self, job: JobView, nodes: dict[int, int], alloc: Vector, floor: Vector) -> None:
         """Book ``job`` on idle GPUs of ``nodes`` with ``alloc`` and record it in ``held``."""
         fair = _fair_over(self.cluster, nodes)
-        gpu_ids = self.take(nodes)
+        gpu_ids = self.take_on(nodes)
         h = self.held[job.job_id] = _Held(
             replace(job, gpu_ids=gpu_ids), nodes, Vector(0.0, 0.0), floor, fair, True
         )
@@ -315,28 +276,6 @@ class _Cluster:
         if self._on_node is not None:
             for n in nodes:
                 self._on_node.setdefault(n, []).append(h)
-
-    def take(self, nodes: dict[int, int]) -> tuple[int, ...]:
-        gpus: list[int] = []
-        for node, count in sorted(nodes.items()):
-            idle = self._idle_gpus.get(node)
-            if idle is None:
-                load = self._load
-                idle = self._idle_gpus[node] = [
-                    g for g in self.cluster.node_gpus(node) if load[g] == 0
-                ]
-            gpus.extend(idle[:count])
-            del idle[:count]
-            self._move(node, self.free[node] - count)
-            self.total_idle -= count
-        return tuple(sorted(gpus))
-
-    def _move(self, node: int, free: int) -> None:
-        bucket = self._by_free[self.free[node]]
-        del bucket[bisect_left(bucket, node)]
-        self.free[node] = free
-        if free:
-            insort(self._by_free[free], node)
 
 
 def _fair_over(cluster: Cluster, nodes: dict[int, int]) -> Vector:
@@ -384,7 +323,7 @@ class SynergyTune:
         skipped: dict[str, tuple[JobView, int, int]] = {}
         started: list[str] = []
         for job in ordered_pending(snapshot, self.order):
-            idle = state.total_idle
+            idle = state.total
             if not idle:
                 break
             if job.gpus > idle:
