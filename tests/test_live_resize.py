@@ -68,11 +68,11 @@ async def test_a_resize_in_place_restarts_the_job_with_its_new_shape_and_it_fini
     async with nodes(nats_server.url, tmp_path, count=1), SchedulerService(
         fast_scheduler(nats_server.url)
     ) as service:
-        scheduler = await leading(service)
+        await leading(service)
         job_id = await store_job(stores, spec(batch_size=32, iterations=3000, max_batch_size=256))
-        scheduler.policy = ResizeOnceRunning(
+        service.use_policy(ResizeOnceRunning(
             job_id, Resize(job_id, (0, 1), batch_size=128, accum_steps=2, reason="grow")
-        )
+        ))
         first = await wait_state(stores, job_id, JobState.RUNNING)
         assert first.run_id == 1 and first.placement[0].gpus == [0]
 
@@ -85,7 +85,7 @@ async def test_a_resize_in_place_restarts_the_job_with_its_new_shape_and_it_fini
         assert grown.placement[0].gpus == [0, 1]
         assert grown.history[-1].reason == "resized to batch 128 on 2 GPUs"
         assert grown.preemptions == 0
-        live = scheduler.jobs[job_id]
+        live = (await leading(service)).jobs[job_id]
         assert live.attained_gpu_s > 0, "the first run's GPU service was not counted"
         done = await wait_state(stores, job_id, JobState.SUCCEEDED, timeout_s=30)
     assert done.progress.iteration == 3000 and done.run_id == 2
@@ -100,12 +100,12 @@ async def test_a_resize_onto_another_node_preempts_and_starts_with_the_new_shape
     async with nodes(nats_server.url, tmp_path, count=2), SchedulerService(
         fast_scheduler(nats_server.url)
     ) as service:
-        scheduler = await leading(service)
+        await leading(service)
         job_id = await store_job(stores, spec(batch_size=32, iterations=3000))
         # node-1's GPUs are global ids 4-7
-        scheduler.policy = ResizeOnceRunning(
+        service.use_policy(ResizeOnceRunning(
             job_id, Resize(job_id, (4, 5, 6), batch_size=96)
-        )
+        ))
         await wait_state(stores, job_id, JobState.RUNNING)
 
         async def restarted():
@@ -129,10 +129,10 @@ async def test_a_resize_outside_the_jobs_batch_range_is_ignored(
     async with nodes(nats_server.url, tmp_path, count=1), SchedulerService(
         fast_scheduler(nats_server.url)
     ) as service:
-        scheduler = await leading(service)
+        await leading(service)
         job_id = await store_job(stores, spec(batch_size=32, iterations=300, max_batch_size=64))
         policy = ResizeOnceRunning(job_id, Resize(job_id, (0, 1), batch_size=128))
-        scheduler.policy = policy
+        service.use_policy(policy)
         done = await wait_state(stores, job_id, JobState.SUCCEEDED, timeout_s=30)
     assert policy.sent
     assert (done.run_id, done.batch_size, done.gpus) == (1, None, None)
@@ -158,7 +158,7 @@ async def test_the_worker_scales_its_learning_rate_with_a_resize_up_to_its_cap_o
         nodes(nats_server.url, tmp_path, count=1, jobs_mode="process", **PROCESS_TIMINGS),
         SchedulerService(fast_scheduler(nats_server.url)) as service,
     ):
-        scheduler = await leading(service)
+        await leading(service)
         job_id = await store_job(stores, spec(
             model="ncf", batch_size=base_batch, iterations=10**6, max_batch_size=new_batch,
             base_lr=base_lr, max_lr=max_lr, dataset_size=dataset_size, checkpoint_every=10,
@@ -169,11 +169,12 @@ async def test_the_worker_scales_its_learning_rate_with_a_resize_up_to_its_cap_o
             lines = progress_lines(job_dir / "progress-1.jsonl")
             return any(line["event"] == "checkpoint" for line in lines)
 
-        scheduler.policy = ResizeOnceRunning(
+        # kept by a leadership taken back after a lease lost on a busy machine
+        service.use_policy(ResizeOnceRunning(
             job_id,
             Resize(job_id, (0, 1), batch_size=new_batch, reason="grow"),
             ready=trained_a_while,
-        )
+        ))
         ramp = math.ceil(dataset_size / new_batch)
 
         def ramped() -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:

@@ -75,6 +75,7 @@ from gpusched.services.scheduler.gpu_types import GpuMeasured, GpuTypes
 from gpusched.services.scheduler.lease import LeaderLease
 from gpusched.services.scheduler.metrics import SchedulerMetrics
 from gpusched.services.scheduler.policies import honours_priority, make_policy
+from gpusched.services.scheduler.policies.base import Policy
 from gpusched.services.scheduler.state import (
     Layout,
     LiveJob,
@@ -1395,8 +1396,11 @@ def _resize_problem(record: JobRecord, resize: Resize) -> str:
 class SchedulerService:
     """One scheduler instance: leads while it holds the lease, else waits as a standby."""
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, policy: Policy | None = None) -> None:
         self.config = config
+        #: a policy object of the embedder's own, used instead of ``config.policy`` by
+        #: every leadership of this instance (see ``use_policy``)
+        self.policy = policy
         self.nc: Client | None = None
         self.stores: Stores | None = None
         self.scheduler: LiveScheduler | None = None
@@ -1405,6 +1409,13 @@ class SchedulerService:
         self._lease: LeaderLease | None = None
         self.log = log.bind(instance=config.instance)
         self.metrics = SchedulerMetrics()
+
+    def use_policy(self, policy: Policy) -> None:
+        """Decide with ``policy`` from now on: in the leadership under way, if any, and
+        in every later one (a lease lost and taken back starts a new scheduler)."""
+        self.policy = policy
+        if self.scheduler is not None:
+            self.scheduler.policy = policy
 
     @property
     def is_leader(self) -> bool:
@@ -1495,6 +1506,8 @@ class SchedulerService:
     async def _leading(self) -> AsyncIterator[LiveScheduler]:
         assert self.nc is not None and self.stores is not None
         scheduler = LiveScheduler(self.config, self.nc, self.stores, self.metrics)
+        if self.policy is not None:
+            scheduler.policy = self.policy
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(scheduler)
             beats = await self.nc.subscribe(
