@@ -12,13 +12,12 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from bisect import bisect_left
 from collections import ChainMap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from gpusched.libs.core.cluster import Cluster, HostUse
-from gpusched.libs.core.convergence import Convergence, remaining_after_resize
+from gpusched.libs.core.convergence import remaining_after_resize
 from gpusched.libs.core.decision import Decision, Reallocate, Resize, Start, decision_problems
 from gpusched.libs.core.jobs import JobSpec
 from gpusched.libs.core.lifecycle import JobState
@@ -30,10 +29,10 @@ from gpusched.libs.core.size_predictor import PREDICTORS, SubmissionSizes
 from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.scheduler.policies.base import (
     Policy,
-    QueueSort,
     ReportsRho,
     ResidentCapped,
 )
+from gpusched.services.scheduler.queue_order import SortedQueue
 from gpusched.services.scheduler.results import (
     FINISHED,
     UNFINISHED,
@@ -42,6 +41,7 @@ from gpusched.services.scheduler.results import (
     SimResult,
     TimelinePoint,
 )
+from gpusched.services.scheduler.sim_job import SimJob
 
 ARRIVAL, FINISH, WAKE, ROUND = 0, 1, 2, 3
 #: completion is declared when this few iterations remain, absorbing float rounding
@@ -76,108 +76,6 @@ class SimConfig:
             raise ValueError("max_jobs_per_gpu must be >= 1")
         if self.round_s is not None and not (self.round_s > 0 and math.isfinite(self.round_s)):
             raise ValueError(f"round_s must be a finite number > 0, got {self.round_s!r}")
-
-
-class SimJob:
-    __slots__ = (
-        "accum",
-        "attained",
-        "convergence",
-        "cpu_mem_speedup",
-        "cpus",
-        "est_iter",
-        "exclusive_iter",
-        "exclusive_s",
-        "finish_time",
-        "first_start",
-        "gpu_ids",
-        "history",
-        "iter_time",
-        "last_settle",
-        "mem_gb",
-        "mem_mb",
-        "overhead_left",
-        "preemptions",
-        "queue_total",
-        "queued_since",
-        "remaining",
-        "samples_done",
-        "shared",
-        "spec",
-        "started_at",
-        "state",
-        "version",
-        "view",
-    )
-
-    def __init__(self, spec: JobSpec, est_iter: float, exclusive_iter: float) -> None:
-        self.spec = spec
-        self.est_iter = est_iter  # estimated seconds/iteration, consolidated, alone
-        self.exclusive_iter = exclusive_iter  # true seconds/iteration, consolidated, alone
-        self.remaining = float(spec.iterations)
-        #: seconds it needs alone at the shape it asked for (fixed at arrival)
-        self.exclusive_s = spec.iterations * exclusive_iter
-        #: the model's convergence curve, with the job's own length over the curve's;
-        #: None when the job runs fixed iterations whatever its batch
-        self.convergence: tuple[Convergence, float] | None = None
-        #: samples processed, and what it reported after each epoch (jobs with a
-        #: convergence curve, when the policy predicts progress from epochs)
-        self.samples_done = 0.0
-        self.history: list[EpochRecord] = []
-        #: QUEUED, RUNNING, PREEMPTED (queued again), SUCCEEDED, or FAILED when no
-        #: placement on the cluster fits it
-        self.state = JobState.QUEUED
-        self.gpu_ids: tuple[int, ...] = ()
-        self.accum = 1
-        self.mem_mb = 0.0
-        #: CPU cores and host memory GB held while running; None: the proportional share
-        self.cpus: float | None = None
-        self.mem_gb: float | None = None
-        #: speed at that allocation over the speed at the proportional share
-        self.cpu_mem_speedup = 1.0
-        self.iter_time = math.inf
-        self.overhead_left = 0.0
-        self.last_settle = 0.0
-        self.attained = 0.0
-        self.queued_since = spec.submit_time
-        self.started_at = 0.0
-        self.queue_total = 0.0
-        self.first_start: float | None = None
-        self.finish_time: float | None = None
-        self.preemptions = 0
-        self.shared = False
-        self.version = 0
-        self.view: JobView | None = None
-
-
-class SortedQueue:
-    """The queue kept in a policy's fixed queue order, so no decision sorts it again."""
-
-    def __init__(self, sort: QueueSort | None) -> None:
-        self.sort = sort
-        self.order = sort.name if sort else "arrival"
-        self._keys: list[tuple] = []
-        self._views: list[JobView] = []
-        #: each queued job's key, as worked out when it joined
-        self._key_of: dict[str, tuple] = {}
-
-    def add(self, view: JobView) -> None:
-        if self.sort is None:
-            return
-        key = self._key_of[view.job_id] = self.sort.key(view)
-        i = bisect_left(self._keys, key)
-        self._keys.insert(i, key)
-        self._views.insert(i, view)
-
-    def remove(self, view: JobView) -> None:
-        if self.sort is None:
-            return
-        i = bisect_left(self._keys, self._key_of.pop(view.job_id))
-        del self._keys[i]
-        del self._views[i]
-
-    def views(self, arrival: dict[str, JobView]) -> tuple[JobView, ...]:
-        return tuple(self._views) if self.sort else tuple(arrival.values())
 
 
 class Simulator:
