@@ -309,7 +309,17 @@ def http(url: str, token: str, body: dict[str, Any] | None = None) -> dict[str, 
         return dict(json.loads(response.read()))
 
 
-def step_live(cuda: bool, budget: Budget, quick: bool) -> dict[str, Any]:
+def run_log_tails(state: Path, lines: int = 15) -> dict[str, list[str]]:
+    """The last lines of every job run log under ``state`` (what a failed job said)."""
+    tails = {}
+    for log in sorted(state.rglob("run-*.log")):
+        with contextlib.suppress(OSError):
+            text = log.read_text(errors="replace")
+            tails[str(log.relative_to(state))] = text.splitlines()[-lines:]
+    return tails
+
+
+def step_live(cuda: bool, budget: Budget, quick: bool, log_path: Path) -> dict[str, Any]:
     state = Path(tempfile.mkdtemp(prefix="gpu-check-up-"))
     env = {**os.environ, "GPUSCHED_STATE_DIR": str(state)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -318,7 +328,8 @@ def step_live(cuda: bool, budget: Budget, quick: bool) -> dict[str, Any]:
     if not cuda:
         # the suite's run: no system user made on the machine for it
         argv += ["--emulate-gpus", "1", "--nodes", "1", "--jobs", "process", "--job-user", "self"]
-    up = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    up_log = log_path.open("wb")
+    up = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=up_log,
                           text=True, start_new_session=True)
     result: dict[str, Any] = {"command": " ".join(argv[3:])}
     try:
@@ -361,6 +372,8 @@ def step_live(cuda: bool, budget: Budget, quick: bool) -> dict[str, Any]:
             for r in records.values()
         ]
         result["shared_pairs"] = sorted(shared)
+        if any(r["state"] != "SUCCEEDED" for r in records.values()):
+            result["run_logs"] = run_log_tails(state)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(up.pid, signal.SIGINT)
@@ -369,6 +382,7 @@ def step_live(cuda: bool, budget: Budget, quick: bool) -> dict[str, Any]:
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(up.pid, signal.SIGKILL)
+        up_log.close()
         shutil.rmtree(state, ignore_errors=True)
     return result
 
@@ -422,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"colocation measured {report['colocation']['measured_slowdown']}")
     print(f"colocation predicted {report['colocation']['predicted_slowdown']}")
-    report["live"] = step_live(cuda, budget, args.quick)
+    report["live"] = step_live(cuda, budget, args.quick, args.out / "up.log")
     for job in report["live"].get("jobs", ()):
         print(f"live {job['name']} ({job['model']}): {job['state']} on {job['placement']} "
               f"in {job['seconds']} s")

@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
-TOOL = Path(__file__).resolve().parents[2] / "shared" / "tools" / "machine_speed.py"
+#: GPUSCHED_MACHINE_SPEED names the tool where ``../shared`` is not beside the checkout
+TOOL = Path(os.environ.get("GPUSCHED_MACHINE_SPEED") or
+            Path(__file__).resolve().parents[2] / "shared" / "tools" / "machine_speed.py")
 
 
 def print_machine_speed() -> float | None:
