@@ -42,6 +42,7 @@ from gpusched.libs.core.profiles.measured import (
     parse_profile,
     profile_document,
     read_profile,
+    shipped_gpu_profiles,
     with_figures,
     write_profile,
 )
@@ -50,6 +51,7 @@ from gpusched.services.nodeagent.agent import NodeAgent
 from gpusched.services.nodeagent.cluster import EmulatedCluster
 from gpusched.services.nodeagent.config import NodeAgentConfig
 from gpusched.services.predictor.config import PredictorConfig
+from gpusched.services.predictor.measured_profiles import StoredMeasured
 from gpusched.services.predictor.model import RATIO_BOUNDS, BaselinePredictor
 from gpusched.services.predictor.service import PredictorService
 from gpusched.services.scheduler.live import SchedulerService
@@ -300,7 +302,9 @@ async def test_the_predictor_keeps_figures_per_gpu_type_serves_them_and_learns_o
 ):
     client = PredictorClient(nc, timeout_s=5.0)
     published = await listen(nc, subjects.ALL_GPU_PROFILES, MeasuredProfile)
-    config = PredictorConfig(nats_url=nats_server.url, history_weight=0.5)
+    # without the shipped H100 figures: the type starts with none
+    config = PredictorConfig(nats_url=nats_server.url, history_weight=0.5,
+                             shipped_profiles=False)  # fmt: skip
     async with PredictorService(config) as predictor:
         assert await client.measured_profile(H100_TYPE) is None
         assert (await hand_in(nc, "h-0", profile_of(hundredfold()))).ok
@@ -342,10 +346,43 @@ async def test_the_predictor_keeps_figures_per_gpu_type_serves_them_and_learns_o
 
     assert sorted(p.gpu_type for p in published.items) == [H100_TYPE, "v100-sxm2-32gb"]
     # a restarted predictor has every type back from its bucket
-    async with PredictorService(PredictorConfig(nats_url=nats_server.url)):
+    async with PredictorService(
+        PredictorConfig(nats_url=nats_server.url, shipped_profiles=False)
+    ):
         again = await client.measured_profile(H100_TYPE)
         assert again is not None and from_wire(again) == profile_of(hundredfold())
         assert await client.measured_profile("v100-sxm2-32gb", "bert") is not None
+
+
+async def test_a_fresh_predictor_times_h100_jobs_from_the_shipped_figures_until_nodes_measure(
+    nats_server: NatsServer, nc: Client, stores: Stores
+):
+    client = PredictorClient(nc, timeout_s=5.0)
+    shipped = next(p for p in shipped_gpu_profiles() if p.gpu_type == H100_TYPE)
+    shipped_resnet = shipped.models["resnet50"]
+    async with PredictorService(PredictorConfig(nats_url=nats_server.url)):
+        answer = await client.measured_profile(H100_TYPE, "resnet50")
+        assert answer is not None
+        assert from_wire(answer).models["resnet50"] == shipped_resnet
+        batch = shipped_resnet.points[0].batch_size
+        request = PredictRequest(model="resnet50", batch_size=batch, gpu_type=H100_TYPE)
+        assert (await client.throughput(request)).iteration_s == pytest.approx(
+            shipped_resnet.points[0].iteration_s
+        )
+        # a node's own figures of another architecture replace the shipped ones
+        assert (await hand_in(nc, "h-0", profile_of(hundredfold()))).ok
+        mine = await client.measured_profile(H100_TYPE, "resnet50")
+        assert mine is not None and from_wire(mine).models["resnet50"] == hundredfold()
+        assert await client.measured_profile(H100_TYPE, "bert") is not None
+    # only the node's own figures were saved; the shipped ones come back from the release
+    entry = await (await stores.predictor_bucket()).get(subjects.PREDICTOR_MEASURED_KEY)
+    saved = codec.decode(entry.value or b"", StoredMeasured)
+    assert [sorted(from_wire(p).models) for p in saved.profiles] == [["resnet50"]]
+    async with PredictorService(PredictorConfig(nats_url=nats_server.url)):
+        again = await client.measured_profile(H100_TYPE)
+        assert again is not None
+        assert from_wire(again).models["resnet50"] == hundredfold()
+        assert from_wire(again).models["bert"] == shipped.models["bert"]
 
 
 async def test_unreadable_figures_are_refused_with_the_reason(
@@ -474,9 +511,17 @@ async def test_the_live_scheduler_times_jobs_on_its_gpu_type_from_the_published_
         )
 
 
-def test_the_shipped_measurement_is_a_cpu_one_of_every_models_stand_in():
+def test_the_shipped_measurements_are_a_cpu_one_of_every_stand_in_and_an_h100_one():
     shipped = sorted((ROOT / "libs/core/builtin/measured").glob("*.json"))
-    assert [p.name for p in shipped] == ["cpu-amd-epyc.json"]
+    assert [p.name for p in shipped] == ["cpu-amd-epyc.json", "h100-80gb-hbm3.json"]
+    h100 = read_profile(shipped[1])
+    assert (h100.gpu_name, h100.gpu_type) == (H100, H100_TYPE)
+    assert {"resnet50", "bert", "gpt2"} <= set(h100.models)
+    for measured in h100.models.values():
+        assert (measured.architecture, measured.device) == ("real", "cuda")
+        assert measured.torch.endswith("+cu130") and measured.measured_at
+    # the only GPU measurement the predictor starts with
+    assert [p.gpu_type for p in shipped_gpu_profiles()] == [H100_TYPE]
     profile = read_profile(shipped[0])
     assert profile.gpu_name.startswith("CPU ") and profile.gpu_type.startswith("cpu-")
     assert set(profile.models) == set(TRUTH.models())

@@ -35,6 +35,9 @@ class PredictorConfig:
     #: GENIE: have the node where a job of a model without a compute profile first runs
     #: measure it (see services/nodeagent/compute_profiling.py)
     profile_compute: bool = False
+    #: start with the profiles the project measured on GPUs (libs/core/builtin/measured/)
+    #: for the models a GPU type's nodes have not measured yet
+    shipped_profiles: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.nats_url, str) or not self.nats_url.startswith(NATS_SCHEMES):
@@ -66,6 +69,10 @@ class PredictorConfig:
             raise ValueError(f"save_every_s must be a number > 0, got {every!r}")
         if not isinstance(self.profile_cpu, bool):
             raise ValueError(f"profile_cpu must be true or false, got {self.profile_cpu!r}")
+        if not isinstance(self.shipped_profiles, bool):
+            raise ValueError(
+                f"shipped_profiles must be true or false, got {self.shipped_profiles!r}"
+            )
         if not isinstance(self.profile_compute, bool):
             raise ValueError(
                 f"profile_compute must be true or false, got {self.profile_compute!r}"
@@ -79,7 +86,8 @@ class PredictorConfig:
         """NATS_URL, GPUSCHED_DATA_DIR, GPUSCHED_PREDICTOR_HISTORY_WEIGHT,
         GPUSCHED_PREDICTOR_METRICS_PORT, GPUSCHED_PREDICTOR_METRICS_HOST,
         GPUSCHED_PREDICTOR_SAVE_EVERY_S, GPUSCHED_PREDICTOR_PROFILE_CPU,
-        GPUSCHED_PREDICTOR_PROFILE_TIMEOUT_S and GPUSCHED_PREDICTOR_PROFILE_COMPUTE; unset
+        GPUSCHED_PREDICTOR_PROFILE_TIMEOUT_S, GPUSCHED_PREDICTOR_PROFILE_COMPUTE and
+        GPUSCHED_PREDICTOR_SHIPPED_PROFILES; unset
         or empty variables keep the defaults."""
         return cls(**load(ENVIRONMENT, environ))
 
@@ -95,4 +103,5 @@ ENVIRONMENT: dict[str, Setting[Any]] = {
     "profile_cpu": Setting("GPUSCHED_PREDICTOR_PROFILE_CPU", settings.boolean()),
     "profile_timeout_s": Setting("GPUSCHED_PREDICTOR_PROFILE_TIMEOUT_S", settings.number()),
     "profile_compute": Setting("GPUSCHED_PREDICTOR_PROFILE_COMPUTE", settings.boolean()),
+    "shipped_profiles": Setting("GPUSCHED_PREDICTOR_SHIPPED_PROFILES", settings.boolean()),
 }

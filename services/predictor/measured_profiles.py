@@ -15,6 +15,11 @@
 - Answers and learning time a job on a type from the type's figures (the predictor's
   ``performance_for``); a progress event's type is its node's first GPU's, read from the
   node registry (``gpusched_nodes``) once per node.
+- At start, the profiles the project measured on GPUs itself
+  (``libs/core/builtin/measured/``) fill in the models a type's nodes have not measured
+  (``PredictorConfig.shipped_profiles``). A node's own measurement of a model is merged
+  with them as any other (its batches stand); figures still exactly the shipped ones
+  are not saved, so a later release's replace them.
 """
 
 from __future__ import annotations
@@ -41,8 +46,11 @@ from gpusched.libs.common.schemas import (
 )
 from gpusched.libs.core.profiles.measured import (
     GpuProfile,
+    ModelFigures,
     gpu_type_key,
+    shipped_gpu_profiles,
     with_figures,
+    with_missing_models,
 )
 from gpusched.services.predictor.model import BaselinePredictor
 
@@ -61,8 +69,11 @@ class StoredMeasured(msgspec.Struct, frozen=True, kw_only=True):
 class MeasuredProfiles:
     """The measured profiles of every GPU type: stored, merged, served, published."""
 
-    def __init__(self, predictor: BaselinePredictor) -> None:
+    def __init__(self, predictor: BaselinePredictor, *, shipped: bool = True) -> None:
         self.predictor = predictor
+        self._shipped = shipped
+        #: (GPU type, model) -> the shipped figures added at start
+        self._shipped_figures: dict[tuple[str, str], ModelFigures] = {}
         self._nc: Client | None = None
         self._kv: KeyValue | None = None
         self._nodes: KeyValue | None = None
@@ -93,9 +104,23 @@ class MeasuredProfiles:
             self.predictor.observe_measured(profile, ())
         if stored.profiles:
             log.info("restored measured profiles", gpu_types=self.predictor.gpu_types())
+        if self._shipped:
+            self._add_shipped()
         self._subscription = await nc.subscribe(
             subjects.ALL_NODE_MEASURED_PROFILES, cb=self._on_measured
         )
+
+    def _add_shipped(self) -> None:
+        for shipped in shipped_gpu_profiles():
+            profile = with_missing_models(self.get(shipped.gpu_type), shipped)
+            self.predictor.observe_measured(profile, ())
+            self._shipped_figures.update(
+                ((shipped.gpu_type, model), figures)
+                for model, figures in shipped.models.items()
+                if profile.figures(model) == figures
+            )  # fmt: skip
+            log.info("shipped measured profile", gpu_type=shipped.gpu_type,
+                     models=sorted(shipped.models))  # fmt: skip
 
     async def stop(self) -> None:
         if self._subscription is not None:
@@ -193,15 +218,26 @@ class MeasuredProfiles:
             return
         stored = StoredMeasured(
             profiles=[
-                to_wire(p)
+                to_wire(own)
                 for t in self.predictor.gpu_types()
-                if (p := self.predictor.measured_profile(t)) is not None
+                if (own := self._own_figures(t)) is not None
             ]
         )
         try:
             await self._kv.put(subjects.PREDICTOR_MEASURED_KEY, codec.encode(stored))
         except Exception as exc:  # NATS away: the next measurement saves everything again
             log.warning("saving measured profiles failed", error=str(exc))
+
+    def _own_figures(self, gpu_type: str) -> GpuProfile | None:
+        """The type's profile without the figures that are still the shipped ones."""
+        profile = self.predictor.measured_profile(gpu_type)
+        if profile is None:
+            return None
+        models = {
+            model: figures for model, figures in profile.models.items()
+            if self._shipped_figures.get((gpu_type, model)) != figures
+        }  # fmt: skip
+        return GpuProfile(profile.gpu_name, gpu_type, models) if models else None
 
     @staticmethod
     async def _reply(msg: Msg, reply: CommandReply) -> None:

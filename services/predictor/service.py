@@ -175,7 +175,7 @@ class PredictorService:
         #: GENIE's compute profiles (services/predictor/compute_profiles.py)
         self.compute = ComputeProfiler(self.predictor, config.profile_timeout_s)
         #: measured profiles per GPU type (services/predictor/measured_profiles.py)
-        self.measured = MeasuredProfiles(self.predictor)
+        self.measured = MeasuredProfiles(self.predictor, shipped=config.shipped_profiles)
 
     # ----------------------------------------------------------------- lifecycle
 

@@ -331,3 +331,27 @@ def with_figures(profile: GpuProfile | None, gpu_name: str, new: ModelFigures) -
     models = dict(profile.models)
     models[new.model] = merged(models.get(new.model), new)
     return GpuProfile(profile.gpu_name, profile.gpu_type, models)
+
+
+#: the profiles the project measured itself and ships (docs/profiles.md)
+SHIPPED_DIR = Path(__file__).resolve().parents[1] / "builtin" / "measured"
+
+
+def shipped_gpu_profiles() -> list[GpuProfile]:
+    """The shipped profiles that a GPU measured (the CPU measurement of the stand-ins
+    is an example of the format, not a GPU type's figures), by GPU type."""
+    found = [read_profile(path) for path in sorted(SHIPPED_DIR.glob("*.json"))]
+    return [
+        profile for profile in found
+        if any(figures.device == "cuda" for figures in profile.models.values())
+    ]  # fmt: skip
+
+
+def with_missing_models(profile: GpuProfile | None, shipped: GpuProfile) -> GpuProfile:
+    """``profile`` with the models only ``shipped`` has figures of: what a cluster's own
+    nodes measured always stands, the shipped figures fill the rest."""
+    if profile is None:
+        return shipped
+    models = {**shipped.models, **profile.models}
+    return GpuProfile(profile.gpu_name, profile.gpu_type, models)
+
