@@ -16,13 +16,9 @@ from gpusched.libs.core.placement import ContiguousGpus
 from gpusched.libs.core.snapshot import Snapshot
 from gpusched.services.scheduler.policies import POLICIES
 from gpusched.services.scheduler.policies.base import Capabilities
-from gpusched.services.scheduler.policies.ones import (
-    NONE,
-    POPULATION,
-    Ones,
-    _Problem,
-    _samples_at,
-)
+from gpusched.services.scheduler.policies.ones import POPULATION, Ones
+from gpusched.services.scheduler.policies.ones_jobs import samples_at
+from gpusched.services.scheduler.policies.ones_problem import NONE, SearchProblem
 from gpusched.services.scheduler.simulator import SimConfig, simulate
 from tests.builders import ConvergingPerf, TablePerf, cluster, job, pending, running, snapshot
 
@@ -323,13 +319,13 @@ def test_a_larger_batch_needs_more_samples_where_the_convergence_curve_says_so()
     assert curve is not None
     view = running("c", 1000.0, (0,), model="cifar10", batch=128)
     samples = 1_000_000.0
-    assert _samples_at({}, curve, view, samples, 128) == samples
-    larger = _samples_at({}, curve, view, samples, 4096)
-    smaller = _samples_at({}, curve, view, samples, 64)
+    assert samples_at({}, curve, view, samples, 128) == samples
+    larger = samples_at({}, curve, view, samples, 4096)
+    smaller = samples_at({}, curve, view, samples, 64)
     assert larger > samples * 1.2
     assert smaller == pytest.approx(samples)  # below the smallest profiled batch
     # the job's own estimate scales what is left, the curve only the batch's cost
-    assert _samples_at({}, curve, view, 2 * samples, 4096) == pytest.approx(2 * larger)
+    assert samples_at({}, curve, view, 2 * samples, 4096) == pytest.approx(2 * larger)
 
 
 @pytest.mark.parametrize("bad", [-1.0, float("inf"), float("nan")])
@@ -362,7 +358,7 @@ def test_the_gpus_a_restart_leaves_idle_are_charged_against_the_whole_schedule()
     snap = snapshot(cl, PERF, [], run, now=1000.0)
     policy = Ones(restart_s=30.0, min_run_s=120.0)
     jobs, _, _ = policy._jobs(snap)
-    problem = _Problem(snap, jobs, policy.restart_s)
+    problem = SearchProblem(snap, jobs, policy.restart_s)
     at = {job.view.job_id: job.cost for job in jobs}
     stay = problem.occupancy.copy()
     assert policy._fitness(problem, stay) == pytest.approx(
@@ -412,7 +408,7 @@ def test_a_job_that_grows_where_no_free_block_holds_it_moves_a_job_that_keeps_it
     policy = Ones(restart_s=30.0)
     jobs, _, _ = policy._jobs(snap)
     assert [j.view.job_id for j in jobs] == ["a", "b", "c"] and 4 in jobs[0].sizes
-    problem = _Problem(snap, jobs, policy.restart_s)
+    problem = SearchProblem(snap, jobs, policy.restart_s)
     laid = policy._layout(problem, np.array([4, 1, 1]))
     assert laid.tolist()[:4] == [0, 0, 0, 0]
     assert laid[4] == 1 and list(laid).count(2) == 1 and laid[1] != 2
@@ -424,7 +420,9 @@ def test_a_job_that_grows_where_no_free_block_holds_it_moves_a_job_that_keeps_it
     assert policy._fitness(problem, moved_only_c) == pytest.approx(-rate * share)
 
 
-def _compacted_block_by_block(policy: Ones, p: _Problem, size: np.ndarray) -> np.ndarray | None:
+def _compacted_block_by_block(
+    policy: Ones, p: SearchProblem, size: np.ndarray
+) -> np.ndarray | None:
     """``Ones._compacted`` as its rule reads: every job's block from
     ``ContiguousGpus.best_block``."""
     placed = np.flatnonzero((size > 0) & ~p.frozen)
@@ -468,7 +466,7 @@ def test_laying_every_job_out_again_takes_the_blocks_a_block_by_block_search_tak
     snap = snapshot(cl, PERF, waiting, run, now=1000.0)
     policy = Ones(restart_s=30.0)
     jobs, _, _ = policy._jobs(snap)
-    problem = _Problem(snap, jobs, policy.restart_s)
+    problem = SearchProblem(snap, jobs, policy.restart_s)
     size, free = np.zeros(len(jobs), dtype=np.int64), problem.total
     for i, seen in enumerate(jobs):
         options = [0] + [n for n in seen.sizes if n <= free]

@@ -102,28 +102,38 @@ What we added so the search scales (ours, not the method's):
   once where the idle GPUs hold a whole pass, places one-GPU jobs from a heap of free
   runs, and repairs equal candidates of a generation once; it lays out exactly as the
   walk over single GPUs it replaced.
+
+This module holds the policy and its search (which jobs it sees and what each size
+costs, repair, layout, fitness, generations, when to wake up); ``ones_jobs`` a job as
+the search sees it and its batch and size choices, ``ones_problem`` one decision's jobs
+as the arrays repair reads, ``ones_moves`` the decision that carries out the best layout.
 """
 
 from __future__ import annotations
 
 import math
-import sys
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from gpusched.libs.core.convergence import Convergence
-from gpusched.libs.core.decision import Decision, Preempt, Resize, Start
-from gpusched.libs.core.perf import ConvergenceSource
+from gpusched.libs.core.decision import Decision
 from gpusched.libs.core.placement import (
-    FREE,
     ContiguousGpus,
     exclusive_accum,
     unschedulable_reason,
 )
 from gpusched.libs.core.snapshot import JobView, ModelBasis, Snapshot
 from gpusched.services.scheduler.policies.base import Capabilities, QueueSort
+from gpusched.services.scheduler.policies.ones_jobs import (
+    SearchJob,
+    batch_choices,
+    curve_of,
+    doubling_floor,
+    largest_useful_batch,
+    samples_at,
+)
+from gpusched.services.scheduler.policies.ones_moves import decision_of
+from gpusched.services.scheduler.policies.ones_problem import NONE, SearchProblem
 from gpusched.services.scheduler.policies.simple import FIFO_ORDER, fifo_key
 
 POPULATION = 16
@@ -138,102 +148,6 @@ QUIET_GENERATIONS = 3
 MAX_BACKOFF = 64
 #: how often repair is repeated to reach a schedule it leaves as it is
 REPAIR_ROUNDS = 4
-#: per-GPU batches up to 2 ** this times a job's own are tried (``batch_search``)
-BATCH_SPREAD_LOG2 = 3
-
-#: no job: an idle GPU in a layout
-NONE = FREE
-
-
-@dataclass
-class _Job:
-    """One job as the search sees it in this decision."""
-
-    view: JobView
-    #: GPUs and batch it asked for (first seen)
-    asked_gpus: int
-    asked_batch: int
-    #: "new" (queued), "frozen" (running, too soon to change) or "running"
-    kind: str
-    #: GPU counts it may hold, ascending (never empty)
-    sizes: list[int]
-    #: size -> (predicted remaining seconds, accumulation steps, batch)
-    cost: dict[int, tuple[float, int, int]]
-    #: predicted remaining time on one GPU (padding order)
-    one_gpu_s: float
-
-    @property
-    def current(self) -> int:
-        return self.view.gpus if self.view.running else 0
-
-
-class _Problem:
-    """One decision's jobs as arrays the repair reads (job index = row)."""
-
-    def __init__(self, snapshot: Snapshot, jobs: list[_Job], restart_s: float = 0.0) -> None:
-        self.jobs = jobs
-        self.cluster = snapshot.cluster
-        self.total = total = snapshot.cluster.total_gpus
-        self.node_of = np.asarray(snapshot.cluster.gpu_node, dtype=np.int64)
-        count = len(jobs)
-        self.rows = np.arange(count)
-        width = max((len(job.sizes) for job in jobs), default=1)
-        #: each job's sizes, ascending, padded past its largest with more than the cluster
-        self.ladder = np.full((count, width), total + 1, dtype=np.int64)
-        #: predicted remaining seconds at each of those sizes
-        self.seconds = np.zeros((count, width))
-        for i, job in enumerate(jobs):
-            self.ladder[i, : len(job.sizes)] = job.sizes
-            self.seconds[i, : len(job.sizes)] = [job.cost[n][0] for n in job.sizes]
-        self.frozen = np.array([job.kind == "frozen" for job in jobs], dtype=bool)
-        self.current = np.array([job.current for job in jobs], dtype=np.int64)
-        #: the job on every GPU now (NONE: idle)
-        self.occupancy = np.full(total, NONE, dtype=np.int64)
-        keepable = np.zeros(count, dtype=bool)
-        for i, job in enumerate(jobs):
-            ids = job.view.gpu_ids
-            if job.view.running and (self.occupancy[list(ids)] == NONE).all():
-                # a job on a contiguous block stays there while it keeps its size
-                keepable[i] = _contiguous(ids)
-                self.occupancy[list(ids)] = i
-        self.keepable = keepable
-        #: first GPU of the contiguous block a keepable job runs on (-1: none)
-        self.home = np.array(
-            [min(job.view.gpu_ids) if keepable[i] else -1 for i, job in enumerate(jobs)],
-            dtype=np.int64,
-        )
-        self.id_rank = np.argsort(np.argsort(np.array([j.view.job_id for j in jobs], dtype=object)))
-        #: the changeable jobs (new and running), shortest predicted remaining time on
-        #: one GPU first: the order padding fills them in
-        self.order = sorted(
-            (i for i, j in enumerate(jobs) if j.kind != "frozen"),
-            key=lambda i: (jobs[i].one_gpu_s, jobs[i].view.job_id),
-        )
-        self.changeable = np.array(self.order, dtype=np.int64)
-        #: padding fills every job first up to the GPUs it asked for (at least its
-        #: smallest size: a preempted job restarts at half what it held), then to its cap;
-        #: a running job grows only to sizes that save more than the restart costs
-        worth = [_worth_growing(jobs[i], restart_s) for i in self.order]
-        self.asked_limit = np.array(
-            [max(min(jobs[i].asked_gpus, top), jobs[i].sizes[0])
-             for i, top in zip(self.order, worth, strict=True)],
-            dtype=np.int64,
-        )
-        self.cap_limit = np.array(worth, dtype=np.int64)
-        self._own: dict[int, np.ndarray] = {}
-        #: ``Ones._layout``'s answers by the sizes asked
-        self.laid: dict[bytes, np.ndarray] = {}
-
-    def own(self, i: int) -> np.ndarray:
-        """Prefix sums over GPUs of job ``i``'s GPUs now (the overlap of a block)."""
-        found = self._own.get(i)
-        if found is None:
-            mask = np.zeros(self.total + 1, dtype=np.int64)
-            mask[np.asarray(self.jobs[i].view.gpu_ids, dtype=np.int64) + 1] = 1
-            found = self._own[i] = np.cumsum(mask)
-        return found
-
-
 @dataclass
 class Ones:
     """Online evolutionary search over GPU counts (see the module docstring)."""
@@ -269,7 +183,7 @@ class Ones:
     )
     #: each (model, global batch)'s iterations at its convergence curve's knots
     _curves: dict[tuple[str, int], np.ndarray] = field(default_factory=dict, repr=False)
-    #: the largest useful global batch of each model (``_largest_useful_batch``)
+    #: the largest useful global batch of each model (``largest_useful_batch``)
     _largest_batch: dict[str, int] = field(default_factory=dict, repr=False)
     #: why a queued shape (model, GPUs, batch) can never run here (None: it can)
     _unschedulable: dict[tuple[str, int, int], str | None] = field(
@@ -350,7 +264,7 @@ class Ones:
                 seen.append(view)
         return seen, False
 
-    def _jobs(self, snapshot: Snapshot) -> tuple[list[_Job], dict[str, str], bool]:
+    def _jobs(self, snapshot: Snapshot) -> tuple[list[SearchJob], dict[str, str], bool]:
         total = snapshot.cluster.total_gpus
         now = snapshot.now
         if self._basis.moved(snapshot):
@@ -361,7 +275,7 @@ class Ones:
         if len(self._asked) > 2 * (len(snapshot.running) + len(snapshot.pending)) + 64:
             present = {v.job_id for v in (*snapshot.running, *snapshot.pending)}
             self._asked = {j: asked for j, asked in self._asked.items() if j in present}
-        jobs: list[_Job] = []
+        jobs: list[SearchJob] = []
         reasons: dict[str, str] = {}
         pending, behind = self._window(snapshot, reasons)
         for view in (*sorted(snapshot.running, key=lambda v: v.job_id), *pending):
@@ -370,7 +284,7 @@ class Ones:
             )
             base = max(1, asked_batch // asked_gpus)
             if view.model not in self._largest_batch:
-                self._largest_batch[view.model] = _largest_useful_batch(snapshot, view.model)
+                self._largest_batch[view.model] = largest_useful_batch(snapshot, view.model)
             largest = max(asked_batch, self._largest_batch[view.model])
 
             def batch_at(
@@ -387,12 +301,12 @@ class Ones:
             _, iter_now = self._shape(snapshot, view, view.batch_size, view.gpus)
             remaining_iters = view.remaining_s(now) / iter_now if iter_now > 0 else 0.0
             samples = remaining_iters * view.batch_size
-            curve = _curve_of(snapshot, view.model)
+            curve = curve_of(snapshot, view.model)
             if not view.running:
                 kind = "new"
                 # a new job starts on one GPU, a preempted one at half its last size (or,
                 # unless ``start_on_one_gpu``, on more, doubling, up to what it asked for)
-                ladder = [_doubling_floor(max(1, view.gpus // 2)) if view.preemptions else 1]
+                ladder = [doubling_floor(max(1, view.gpus // 2)) if view.preemptions else 1]
                 while not self.start_on_one_gpu and ladder[-1] * 2 <= min(total, asked_gpus):
                     ladder.append(ladder[-1] * 2)
             elif now - view.started_at < self._settling_s(view):
@@ -414,7 +328,7 @@ class Ones:
                 if n == view.gpus and view.running:
                     choices = [view.batch_size]
                 elif self.batch_search and curve is not None:
-                    choices = _batch_choices(batch_at(n), base, n, largest)
+                    choices = batch_choices(batch_at(n), base, n, largest)
                 else:
                     choices = [batch_at(n)]
                 best: tuple[float, int, int] | None = None
@@ -427,7 +341,7 @@ class Ones:
                     left = (
                         samples
                         if curve is None
-                        else _samples_at(self._curves, curve, view, samples, batch)
+                        else samples_at(self._curves, curve, view, samples, batch)
                     )
                     found = (left * iter_s / batch, accum or view.accum_steps, batch)
                     if best is None or found[0] < best[0]:
@@ -440,12 +354,14 @@ class Ones:
                 continue
             _, one_iter = self._shape(snapshot, view, base, 1)
             jobs.append(
-                _Job(view, asked_gpus, asked_batch, kind, sizes, cost, samples * one_iter / base)
+                SearchJob(
+                    view, asked_gpus, asked_batch, kind, sizes, cost, samples * one_iter / base
+                )
             )
         self._scale_down(snapshot, jobs)
         return jobs, reasons, behind
 
-    def _scale_down(self, snapshot: Snapshot, jobs: list[_Job]) -> None:
+    def _scale_down(self, snapshot: Snapshot, jobs: list[SearchJob]) -> None:
         """The single largest changeable job, if it holds at least half the cluster and
         has run longer than the median running job, is capped at
         ``max(1, int(2 size / (run_time / median + 1)))`` rounded up to even."""
@@ -472,7 +388,7 @@ class Ones:
         largest.sizes = kept
 
     # ---- repair -----------------------------------------------------------------------
-    def _repair(self, problem: _Problem, genes: np.ndarray) -> np.ndarray:
+    def _repair(self, problem: SearchProblem, genes: np.ndarray) -> np.ndarray:
         for _ in range(REPAIR_ROUNDS):
             fixed = self._repair_once(problem, genes)
             if np.array_equal(fixed, genes):
@@ -480,7 +396,7 @@ class Ones:
             genes = fixed
         return genes
 
-    def _repair_once(self, p: _Problem, genes: np.ndarray) -> np.ndarray:
+    def _repair_once(self, p: SearchProblem, genes: np.ndarray) -> np.ndarray:
         jobs = p.jobs
         held = np.bincount(genes[genes >= 0], minlength=len(jobs))
         # the largest size on the ladder a job's genes hold (its smallest if none fits)
@@ -533,7 +449,7 @@ class Ones:
                     sized[i] = fitting[-1]
         return self._layout(p, sized)
 
-    def _layout(self, p: _Problem, size: np.ndarray) -> np.ndarray:
+    def _layout(self, p: SearchProblem, size: np.ndarray) -> np.ndarray:
         """Contiguous GPUs for every job of ``size``, moving as few as possible: frozen
         jobs and jobs that keep their size stay where they run; the rest, largest first,
         take the free block that overlaps their current GPUs most, then spans the fewest
@@ -546,7 +462,7 @@ class Ones:
             laid = p.laid[key] = self._lay_out(p, size)
         return laid.copy()
 
-    def _lay_out(self, p: _Problem, size: np.ndarray) -> np.ndarray:
+    def _lay_out(self, p: SearchProblem, size: np.ndarray) -> np.ndarray:
         stays = p.frozen | (p.keepable & (size == p.current))
         occ = np.where(np.append(stays, False)[p.occupancy], p.occupancy, NONE)
         movers = np.flatnonzero((size > 0) & ~stays)
@@ -574,7 +490,7 @@ class Ones:
             return self._compacted(p, size, occ)
         return occ
 
-    def _compacted(self, p: _Problem, size: np.ndarray, occ: np.ndarray) -> np.ndarray:
+    def _compacted(self, p: SearchProblem, size: np.ndarray, occ: np.ndarray) -> np.ndarray:
         """Every job of ``size`` laid out again, largest first, each on the free block
         that overlaps its current GPUs most (frozen jobs stay): for a job that grows
         where no free block holds it though the GPUs are there, the jobs that keep
@@ -606,7 +522,7 @@ class Ones:
         return occ
 
     # ---- the search -------------------------------------------------------------------
-    def _fitness(self, p: _Problem, genes: np.ndarray) -> float:
+    def _fitness(self, p: SearchProblem, genes: np.ndarray) -> float:
         """Minus the rate at which the placed jobs finish: the sum over them of one over
         the predicted remaining seconds at the size a candidate gives them, plus
         ``restart_s`` where that size is not the one they run at or the GPUs not the
@@ -631,7 +547,7 @@ class Ones:
         idle = float(np.maximum(held, p.current)[moved].sum())
         return -total * (1 - self.restart_s * idle / (p.total * max(self.min_run_s, 1e-9)))
 
-    def _generation(self, problem: _Problem) -> list[tuple[float, np.ndarray]]:
+    def _generation(self, problem: SearchProblem) -> list[tuple[float, np.ndarray]]:
         jobs, total = problem.jobs, problem.total
         index = {job.view.job_id: i for i, job in enumerate(jobs)}
         if not self._population or len(self._population[0]) != total:
@@ -681,7 +597,7 @@ class Ones:
         )
         if self._settled(snapshot, jobs):
             if not self._population:
-                now = _Problem(snapshot, jobs, self.restart_s).occupancy
+                now = SearchProblem(snapshot, jobs, self.restart_s).occupancy
                 self._population = [now.copy() for _ in range(POPULATION)]
                 self._population_ids = [job.view.job_id for job in jobs]
             for job in jobs:
@@ -695,14 +611,16 @@ class Ones:
                 default_reason=default,
                 wake_at=self._wake_at(snapshot, jobs, False),
             )
-        kept = self._generation(_Problem(snapshot, jobs, self.restart_s))
+        kept = self._generation(SearchProblem(snapshot, jobs, self.restart_s))
         self._population = [genes for _, genes in kept]
         self._population_ids = [job.view.job_id for job in jobs]
         self.best_fitness, best = kept[0]
-        return self._apply(snapshot, jobs, best, reasons, default)
+        return decision_of(
+            jobs, best, reasons, default, lambda changed: self._wake_at(snapshot, jobs, changed)
+        )
 
     @staticmethod
-    def _settled(snapshot: Snapshot, jobs: list[_Job]) -> bool:
+    def _settled(snapshot: Snapshot, jobs: list[SearchJob]) -> bool:
         """Whether no search can change anything: no running job is past its epoch gate
         and no queued job the search sees fits on the idle GPUs."""
         if any(job.kind == "running" for job in jobs):
@@ -717,7 +635,7 @@ class Ones:
         GPU can be half its training, and ONES's gate then held it there for hours)."""
         return self.min_run_s if view.epoch_s is None else min(view.epoch_s, self.min_run_s)
 
-    def _wake_at(self, snapshot: Snapshot, jobs: list[_Job], changed: bool) -> float | None:
+    def _wake_at(self, snapshot: Snapshot, jobs: list[SearchJob], changed: bool) -> float | None:
         """When to run the next generation with no event: when the first frozen job may
         change, else ``min_run_s`` on while the search moves jobs, backing off by
         doubling (up to ``MAX_BACKOFF`` times) after ``QUIET_GENERATIONS`` generations
@@ -733,197 +651,3 @@ class Ones:
             if j.kind == "frozen" and j.view.started_at + self._settling_s(j.view) > snapshot.now
         ]
         return min([*thaws, snapshot.now + self.min_run_s * backoff])
-
-    def _apply(
-        self,
-        snapshot: Snapshot,
-        jobs: list[_Job],
-        best: np.ndarray,
-        reasons: dict[str, str],
-        default_reason: str,
-    ) -> Decision:
-        placed: dict[int, tuple[int, ...]] = {}
-        for gpu, i in enumerate(best.tolist()):
-            if i >= 0:
-                placed.setdefault(i, ())
-                placed[i] += (gpu,)
-        starts: list[Start] = []
-        preemptions: list[Preempt] = []
-        moves: list[tuple[int, tuple[int, ...]]] = []
-        for i, job in enumerate(jobs):
-            view = job.view
-            gpus = placed.get(i)
-            if not view.running:
-                if gpus is None:
-                    reasons[view.job_id] = (
-                        f"needs {view.gpus} GPU{'s' if view.gpus > 1 else ''}; the best "
-                        "schedule found gives the GPUs to jobs with less predicted "
-                        "remaining GPU time"
-                    )
-                else:
-                    _, accum, batch = job.cost[len(gpus)]
-                    elastic = len(gpus) != view.gpus or batch != view.batch_size
-                    starts.append(
-                        Start(view.job_id, gpus, accum, batch_size=batch if elastic else None)
-                    )
-            elif gpus is None:
-                preemptions.append(Preempt(view.job_id, "the best schedule found drops it for now"))
-            elif gpus != tuple(sorted(view.gpu_ids)):
-                moves.append((i, gpus))
-        resizes, stuck = _sequence(jobs, moves, {p.job_id for p in preemptions})
-        for i in stuck:
-            preemptions.append(
-                Preempt(jobs[i].view.job_id, "its GPUs go to another job that changes size")
-            )
-        # a start waits for GPUs a resized job lets go until the next decision, so no
-        # reader of the decision that takes starts before resizes sees a GPU booked twice
-        dropped = {p.job_id for p in preemptions}
-        still_held = {
-            g
-            for job in jobs
-            if job.view.running and job.view.job_id not in dropped
-            for g in job.view.gpu_ids
-        }
-        for start in [s for s in starts if still_held.intersection(s.gpu_ids)]:
-            starts.remove(start)
-            reasons[start.job_id] = "its GPUs are let go by a job that changes size"
-        return Decision(
-            starts=tuple(starts),
-            preemptions=tuple(preemptions),
-            resizes=tuple(resizes),
-            reasons=reasons,
-            default_reason=default_reason,
-            wake_at=self._wake_at(snapshot, jobs, bool(starts or preemptions or resizes)),
-        )
-
-
-def _largest_useful_batch(snapshot: Snapshot, model: str) -> int:
-    """The largest global batch worth growing a job of ``model`` to: the largest batch
-    its convergence curve was measured at (Pollux bounds its jobs' batches the same
-    way); unbounded where the estimates know no curve."""
-    curve = _curve_of(snapshot, model)
-    return sys.maxsize if curve is None else int(curve.max_batch)
-
-
-def _curve_of(snapshot: Snapshot, model: str) -> Convergence | None:
-    """The model's convergence curve, where the snapshot's estimates know one."""
-    estimates = snapshot.estimates
-    return estimates.convergence(model) if isinstance(estimates, ConvergenceSource) else None
-
-
-def _batch_choices(ones_batch: int, base: int, n: int, largest: int) -> list[int]:
-    """Global batches a job may run at on ``n`` GPUs: ONES's (first) and per-GPU batches
-    from a quarter to BATCH_SPREAD times the base, within ``n`` and ``largest``."""
-    found = [ones_batch]
-    for k in range(-2, BATCH_SPREAD_LOG2 + 1):
-        per_gpu = base * 2.0**k
-        batch = int(min(max(per_gpu * n, n), largest))
-        if batch not in found:
-            found.append(batch)
-    return found
-
-
-def _worth_growing(job: _Job, restart_s: float) -> int:
-    """The largest size padding may give ``job``: any of its sizes for a new job; for a
-    running one its size now or a larger one whose predicted remaining time plus the
-    restart is shorter than at its size now."""
-    if job.kind != "running" or job.current not in job.cost:
-        return job.sizes[-1]
-    now = job.cost[job.current][0]
-    return max(
-        n for n in job.sizes if n <= job.current or job.cost[n][0] + restart_s < now
-    )
-
-
-def _samples_at(
-    curves: dict[tuple[str, int], np.ndarray],
-    curve: Convergence,
-    view: JobView,
-    samples: float,
-    batch: int,
-) -> float:
-    """Samples a job with ``samples`` left at its batch has left at ``batch``: the
-    progress it made carries over (the convergence curve's statistical efficiency, as
-    the simulator's ``remaining_after_resize``). ``curves`` caches each batch's
-    cumulative iterations per progress knot."""
-    if batch == view.batch_size or samples <= 0:
-        return samples
-
-    def at(b: int) -> np.ndarray:
-        found = curves.get((view.model, b))
-        if found is None:
-            found = curves[(view.model, b)] = np.asarray(curve.curve(b))
-        return found
-
-    knots = np.asarray(curve.knots)
-    old, new = at(view.batch_size), at(batch)
-    # the curve's iterations left at the job's batch (at most its whole run there), and
-    # at ``batch`` from the same progress; their ratio scales the job's own estimate
-    now = min(samples / view.batch_size, float(old[-1]))
-    if now <= 0:
-        return samples
-    progress = float(np.interp(old[-1] - now, old, knots))
-    then = float(new[-1] - np.interp(progress, knots, new))
-    return samples * (batch * then) / (view.batch_size * now)
-
-
-def _doubling_floor(n: int) -> int:
-    """The largest power of two not above ``n`` (the sizes ONES grows a job through)."""
-    return 1 << (n.bit_length() - 1)
-
-
-def _contiguous(ids: Sequence[int]) -> bool:
-    ordered = sorted(ids)
-    return bool(ordered) and ordered[-1] - ordered[0] == len(ordered) - 1
-
-
-def _sequence(
-    jobs: list[_Job],
-    moves: list[tuple[int, tuple[int, ...]]],
-    preempted: set[str],
-) -> tuple[list[Resize], list[int]]:
-    """Resizes in an order where each lands on GPUs already let go (a resize releases the
-    job's old GPUs first); jobs caught in a cycle of moves are returned to be preempted."""
-    holder: dict[int, int] = {}
-    for i, job in enumerate(jobs):
-        if job.view.running and job.view.job_id not in preempted:
-            for g in job.view.gpu_ids:
-                holder[g] = i
-    waiting = list(moves)
-    resizes: list[Resize] = []
-    stuck: list[int] = []
-    while waiting:
-        k = next(
-            (k for k, (i, gpus) in enumerate(waiting) if all(holder.get(g, i) == i for g in gpus)),
-            -1,
-        )
-        if k < 0:
-            # a cycle: preempt the smallest, which frees its GPUs for the others
-            k = min(
-                range(len(waiting)),
-                key=lambda k: (len(waiting[k][1]), jobs[waiting[k][0]].view.job_id),
-            )
-            i, _ = waiting.pop(k)
-            for g in jobs[i].view.gpu_ids:
-                if holder.get(g) == i:
-                    del holder[g]
-            stuck.append(i)
-            continue
-        i, gpus = waiting.pop(k)
-        job = jobs[i]
-        for g in job.view.gpu_ids:
-            if holder.get(g) == i:
-                del holder[g]
-        for g in gpus:
-            holder[g] = i
-        _, accum, batch = job.cost[len(gpus)]
-        resizes.append(
-            Resize(
-                job.view.job_id,
-                gpus,
-                batch,
-                accum,
-                f"from {job.view.gpus} to {len(gpus)} GPUs, the best schedule found",
-            )
-        )
-    return resizes, stuck
