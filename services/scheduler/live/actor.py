@@ -17,8 +17,7 @@ import functools
 import itertools
 import math
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, TypeVar
 
 import msgspec
@@ -73,6 +72,25 @@ from gpusched.libs.core.snapshot import Snapshot
 from gpusched.services.scheduler.config import SchedulerConfig
 from gpusched.services.scheduler.gpu_types import GpuMeasured, GpuTypes
 from gpusched.services.scheduler.lease import LeaderLease
+from gpusched.services.scheduler.live import timing
+from gpusched.services.scheduler.live.liveness import Liveness
+from gpusched.services.scheduler.live.messages import (
+    Beat,
+    ComputeMeasured,
+    Durable,
+    Estimated,
+    Measured,
+    Message,
+    ProgressSeen,
+    RemainingPredicted,
+    Rescan,
+    Resync,
+    Round,
+    StartResult,
+    StopFailed,
+    Sweep,
+    redeliver,
+)
 from gpusched.services.scheduler.metrics import SchedulerMetrics
 from gpusched.services.scheduler.policies import honours_priority, make_policy
 from gpusched.services.scheduler.policies.base import Policy
@@ -92,18 +110,6 @@ log = structlog.get_logger("gpusched.scheduler")
 
 SCHEDULER_VERSION = "0.1.0"
 
-#: how often the leader looks for stored jobs it was never told about
-RESCAN_S = 30.0
-#: a live-index entry without a record after this long is one of a submit that failed
-ORPHAN_INDEX_S = 120.0
-#: a stored input whose handling failed comes back after this long, doubled per
-#: delivery up to REDELIVER_MAX_S
-REDELIVER_S = 0.5
-REDELIVER_MAX_S = 10.0
-#: how soon a record that could not be read back is asked for again
-RESYNC_RETRY_S = 1.0
-
-
 class RecordConflict(Exception):
     """A job record changed under the scheduler: another writer (a second leader during
     a lease handover) got there first. The write is dropped, never forced."""
@@ -121,136 +127,6 @@ class RecordUnsure(RecordConflict):
     def __init__(self, job_id: str, error: Exception) -> None:
         super().__init__(job_id)
         self.args = (f"job {job_id}: record write failed: {error!r}",)
-
-
-class Liveness:
-    """When heartbeats arrived, written by the heartbeat subscription as each one comes
-    in, ahead of the actor's queue. A backlogged actor handles a beat late; judging a
-    node by that would declare healthy nodes lost. The actor only reads it. A run is
-    kept per node that listed it: only the nodes a job was placed on keep it alive."""
-
-    def __init__(self) -> None:
-        self._nodes: dict[str, float] = {}
-        self._runs: dict[tuple[str, str, int], float] = {}
-
-    def saw(self, beat: Heartbeat, arrived: float) -> None:
-        self._nodes[beat.node] = arrived
-        for run in beat.running:
-            self._runs[(beat.node, run.job_id, run.run_id)] = arrived
-        for ended in beat.exiting:
-            self._runs[(beat.node, ended.job_id, ended.run_id)] = arrived
-
-    def node_seen(self, node: str) -> float:
-        return self._nodes.get(node, 0.0)
-
-    def run_seen(self, job_id: str, run_id: int | None, nodes: Iterable[str]) -> float:
-        """When one of ``nodes`` last listed the run (0: never)."""
-        if run_id is None:
-            return 0.0
-        return max((self._runs.get((node, job_id, run_id), 0.0) for node in nodes), default=0.0)
-
-    def forget_runs_before(self, moment: float) -> None:
-        """Drop runs last listed before ``moment``: once older than the missing-job
-        grace they can no longer keep a job alive, and every run ever listed would
-        otherwise stay."""
-        self._runs = {run: at for run, at in self._runs.items() if at >= moment}
-
-
-# ---- messages to the actor ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Durable:
-    """A message from the jobs stream; acknowledged once handled."""
-
-    msg: Msg
-
-
-@dataclass(frozen=True)
-class Beat:
-    heartbeat: Heartbeat
-
-
-@dataclass(frozen=True)
-class ProgressSeen:
-    event: JobProgressEvent
-
-
-@dataclass(frozen=True)
-class Round:
-    pass
-
-
-@dataclass(frozen=True)
-class Sweep:
-    pass
-
-
-@dataclass(frozen=True)
-class Rescan:
-    pass
-
-
-@dataclass(frozen=True)
-class Resync:
-    """Read a job's record back (a write of it failed, or its reading did)."""
-
-    job_id: str
-
-
-@dataclass(frozen=True)
-class StartResult:
-    job_id: str
-    run_id: int
-    error: str
-    #: no answer came at all: the node may have started the run and its reply been lost
-    unanswered: bool = False
-
-
-@dataclass(frozen=True)
-class Estimated:
-    job_id: str
-    #: the shape the estimate is for (a resize may have changed it since)
-    batch_size: int
-    gpus: int
-    iteration_s: float
-
-
-@dataclass(frozen=True)
-class RemainingPredicted:
-    """A running job's remaining iterations at ``iteration``, from the predictor."""
-
-    job_id: str
-    run_id: int
-    iteration: int
-    remaining: float
-
-
-@dataclass(frozen=True)
-class Measured:
-    """A model's CPU profile, measured by a node (from the predictor)."""
-
-    profile: CpuProfile
-
-
-@dataclass(frozen=True)
-class ComputeMeasured:
-    """A model's compute profile, from GENIE's profiling run (from the predictor)."""
-
-    profile: ComputeProfile
-
-
-@dataclass(frozen=True)
-class StopFailed:
-    job_id: str
-    run_id: int
-    error: str
-
-
-Message = (
-    Durable | Beat | ProgressSeen | Round | Sweep | Rescan | Resync | StartResult
-    | StopFailed | Estimated | Measured | RemainingPredicted | ComputeMeasured | GpuMeasured
-)
 
 
 class LiveScheduler(Actor[Message]):
@@ -312,7 +188,7 @@ class LiveScheduler(Actor[Message]):
         await self._load_jobs()
         self.every(self.config.decide_every_s, Round)
         self.every(min(1.0, self.config.node_timeout_s / 3), Sweep)
-        self.every(RESCAN_S, Rescan)
+        self.every(timing.RESCAN_S, Rescan)
         self.log.info(
             "leading", policy=self.policy.name, jobs=len(self.jobs), nodes=len(self.nodes)
         )
@@ -380,7 +256,7 @@ class LiveScheduler(Actor[Message]):
         mark = await self.stores.live_mark(key)
         stored = await self._read(key)
         if stored is None:
-            if mark is not None and time.time() - mark[0] > ORPHAN_INDEX_S:
+            if mark is not None and time.time() - mark[0] > timing.ORPHAN_INDEX_S:
                 # only the entry read: one made since by a retried submission stays
                 await self._unmark_live(key, mark[1])
             return
@@ -522,19 +398,19 @@ class LiveScheduler(Actor[Message]):
     # ---- dispatch -------------------------------------------------------------------
     async def handle(self, message: Message) -> None:
         if self.deposed:
-            await _redeliver(message, first_s=0.0)
+            await redeliver(message, first_s=0.0)
             return
         try:
             await self._handle(message)
         except RecordConflict as conflict:
             # handled against a record that was not the latest, or one whose write
             # failed: a stored input is handled again later, from the stored record
-            await _redeliver(message)
+            await redeliver(message)
             await self._resync(conflict.job_id, str(conflict))
         except Exception:
             # a NATS call failed (a timeout, a store that cannot write): a stored input
             # is handled again later, never dropped
-            await _redeliver(message)
+            await redeliver(message)
             raise
 
     async def _handle(self, message: Message) -> None:
@@ -683,7 +559,7 @@ class LiveScheduler(Actor[Message]):
         except Exception as exc:
             self.log.warning("record not read back; trying again", job_id=job_id,
                              error=repr(exc))
-            self._later(RESYNC_RETRY_S, Resync(job_id))
+            self._later(timing.RESYNC_RETRY_S, Resync(job_id))
             return
         self.jobs.pop(job_id, None)
         self.settled.discard(job_id)
@@ -1673,16 +1549,3 @@ def _is_id(text: str) -> bool:
 async def _unsubscribe(sub: Any) -> None:
     with contextlib.suppress(Exception):
         await sub.unsubscribe()
-
-
-async def _redeliver(message: Message, first_s: float = REDELIVER_S) -> None:
-    """A stored input that was not handled goes back to its stream: it comes again after
-    ``first_s``, doubled per delivery up to REDELIVER_MAX_S, so one that keeps failing
-    (a store that cannot write) does not spin. Anything else is dropped: it is not
-    durable, or comes again by itself (rounds, sweeps)."""
-    if not isinstance(message, Durable):
-        return
-    with contextlib.suppress(Exception):
-        metadata = message.msg.metadata
-        delay = min(first_s * 2 ** max(metadata.num_delivered - 1, 0), REDELIVER_MAX_S)
-        await message.msg.nak(delay=delay or None)

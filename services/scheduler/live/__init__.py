@@ -1,0 +1,106 @@
+"""The live scheduler: the simulator's policies driven by NATS instead of a virtual clock.
+
+One instance leads (it holds the KV lease); the others wait as hot standbys. The leader
+keeps its picture of the cluster in one actor (``LiveScheduler``): job records from KV,
+nodes from their registrations and heartbeats. Each round it builds a frozen snapshot,
+asks the policy, and applies the decision by request/reply commands to node agents.
+Durable inputs (submissions, cancels, exits) come from a JetStream pull consumer and are
+acknowledged only once handled, so a crash of the leader loses none of them.
+
+The package's modules, each importing only those above it in this list:
+
+- ``timing``: how often and how soon the scheduler looks again (rescans, read-backs,
+  redeliveries);
+- ``liveness``: when heartbeats arrived, noted ahead of the actor's queue;
+- ``messages``: what the actor's inbox holds, and ``redeliver`` for a stored input it
+  did not handle;
+- ``actor``: ``LiveScheduler``, the actor.
+
+Every name other code imports from ``gpusched.services.scheduler.live`` is imported
+here, so importers need not know the modules.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+from gpusched.services.scheduler.live import timing
+from gpusched.services.scheduler.live.actor import (
+    SCHEDULER_VERSION,
+    LiveScheduler,
+    NodeCommand,
+    RecordConflict,
+    RecordUnsure,
+    SchedulerService,
+    _node_share,
+)
+from gpusched.services.scheduler.live.liveness import Liveness
+from gpusched.services.scheduler.live.messages import (
+    Beat,
+    ComputeMeasured,
+    Durable,
+    Estimated,
+    Measured,
+    Message,
+    ProgressSeen,
+    RemainingPredicted,
+    Rescan,
+    Resync,
+    Round,
+    StartResult,
+    StopFailed,
+    Sweep,
+)
+from gpusched.services.scheduler.live.timing import (
+    ORPHAN_INDEX_S,
+    REDELIVER_MAX_S,
+    REDELIVER_S,
+    RESCAN_S,
+    RESYNC_RETRY_S,
+)
+
+__all__ = [
+    "ORPHAN_INDEX_S",
+    "REDELIVER_MAX_S",
+    "REDELIVER_S",
+    "RESCAN_S",
+    "RESYNC_RETRY_S",
+    "SCHEDULER_VERSION",
+    "Beat",
+    "ComputeMeasured",
+    "Durable",
+    "Estimated",
+    "LiveScheduler",
+    "Liveness",
+    "Measured",
+    "Message",
+    "NodeCommand",
+    "ProgressSeen",
+    "RecordConflict",
+    "RecordUnsure",
+    "RemainingPredicted",
+    "Rescan",
+    "Resync",
+    "Round",
+    "SchedulerService",
+    "StartResult",
+    "StopFailed",
+    "Sweep",
+    "_node_share",
+]
+
+
+class _Package(types.ModuleType):
+    """This package, where setting one of the timings (``RESCAN_S``: tests set it with
+    ``monkeypatch.setattr(live, "RESCAN_S", 1.0)``, as when the scheduler was one
+    module) sets it in ``timing`` too, where the other modules read it."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.isupper() and hasattr(timing, name):
+            setattr(timing, name, value)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
