@@ -18,6 +18,7 @@ class SimJob:
     __slots__ = (
         "accum",
         "attained",
+        "believed",
         "convergence",
         "cpu_mem_speedup",
         "cpus",
@@ -51,6 +52,9 @@ class SimJob:
         self.est_iter = est_iter  # estimated seconds/iteration, consolidated, alone
         self.exclusive_iter = exclusive_iter  # true seconds/iteration, consolidated, alone
         self.remaining = float(spec.iterations)
+        #: the iterations the scheduler believes the job runs in all, fixed at its
+        #: submission (a size predictor's figure); None: it believes the truth
+        self.believed: float | None = None
         #: seconds it needs alone at the shape it asked for (fixed at arrival)
         self.exclusive_s = spec.iterations * exclusive_iter
         #: the model's convergence curve, with the job's own length over the curve's;

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from gpusched.libs.core.cluster import Cluster, HostUse
 from gpusched.libs.core.convergence import remaining_after_resize
 from gpusched.libs.core.decision import Decision, Reallocate, Resize, Start, decision_problems
+from gpusched.libs.core.job_state import remaining_iterations
 from gpusched.libs.core.jobs import JobSpec
 from gpusched.libs.core.lifecycle import JobState
 from gpusched.libs.core.parallelism import alone_iteration_time, placed_iteration_time
@@ -202,14 +203,15 @@ class Simulator:
     # ---- job lifecycle --------------------------------------------------------------
     def _arrive(self, job_id: str) -> bool:
         spec = self._specs_by_id[job_id]
-        if self.sizes is not None:
-            self.sizes.at_submission(spec)
+        believed = self.sizes.at_submission(spec) if self.sizes is not None else None
         if spec.gpus > self.cluster.total_gpus:
             # no placement exists to time it at; decided before any per-GPU work
             job = self.jobs[job_id] = SimJob(spec, math.nan, math.nan)
+            job.believed = believed
             return self._refuse(job, unschedulable_reason(self._view(job), self._idle))
         est_iter, true_iter = self._alone_iter(spec)
         job = SimJob(spec, est_iter, true_iter)
+        job.believed = believed
         curve = self._converges.convergence(spec.model) if self._converges else None
         if curve is not None:
             job.convergence = (curve, spec.iterations / curve.total_iterations(spec.batch_size))
@@ -289,12 +291,14 @@ class Simulator:
         return job.convergence[0].epoch_samples / job.spec.batch_size * job.iter_time
 
     def _predicted_remaining_iterations(self, job: SimJob) -> float:
-        """Iterations the policy believes a job has left: the estimate every policy
-        uses, pulled towards the progress predictor's as it learns from finished jobs
-        of the job's data set (an early predictor called long jobs nearly done, and
+        """Iterations the policy believes a job has left: with a size predictor, what is
+        left of the size believed at submission (the rule the live scheduler shares,
+        ``gpusched.libs.core.job_state.remaining_iterations``); else the estimate every
+        policy uses, pulled towards the progress predictor's as it learns from finished
+        jobs of the job's data set (an early predictor called long jobs nearly done, and
         such jobs then held their GPUs for hours)."""
-        if self.sizes is not None:
-            return self.sizes.remaining(job.spec.job_id, job.spec.iterations - job.remaining)
+        if job.believed is not None:
+            return remaining_iterations(job.believed, job.spec.iterations - job.remaining)
         predictor = self._progress
         if predictor is None or not job.history:
             return job.remaining

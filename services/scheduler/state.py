@@ -15,9 +15,9 @@ from typing import Any
 from gpusched.libs.common.cpu_sensitivity import Sensitivity
 from gpusched.libs.common.schemas import SOURCE_FOREST, JobRecord, NodeInfo, Placement, Progress
 from gpusched.libs.core.cluster import Allocation, Cluster, HostUse, Node
+from gpusched.libs.core.job_state import remaining_iterations as core_remaining_iterations
 from gpusched.libs.core.lifecycle import JobState
 from gpusched.libs.core.perf import CpuMemDemand, DelegatingModel, PerformanceModel
-from gpusched.libs.core.size_predictor import OVERRUN_SHARE
 from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.scheduler.policies.base import Policy
 
@@ -94,17 +94,10 @@ def believed_iterations(record: JobRecord) -> float:
 
 
 def remaining_iterations(record: JobRecord, done: int) -> float:
-    """The iterations a job is believed to have left after ``done``. Our rule, the
-    simulator's (``SubmissionSizes.remaining``) for a forest's figure: what is left of
-    the believed total, at least `OVERRUN_SHARE` of it while the job can still run (one
-    that ran past the prediction is not believed finished); with the declared total,
-    what is left of it."""
-    total = record.total_iterations
-    left = max(0, total - done)
-    believed = believed_iterations(record)
-    if believed >= total or left == 0:
-        return float(left)
-    return min(float(left), max(believed - done, OVERRUN_SHARE * believed))
+    """The iterations a job is believed to have left after ``done``: the rule both
+    drivers share (``gpusched.libs.core.job_state.remaining_iterations``) over the
+    believed total, within the run, which stops at the job's declared total."""
+    return core_remaining_iterations(believed_iterations(record), done, record.total_iterations)
 
 
 @dataclass
