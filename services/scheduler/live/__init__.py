@@ -14,6 +14,13 @@ The package's modules, each importing only those above it in this list:
 - ``liveness``: when heartbeats arrived, noted ahead of the actor's queue;
 - ``messages``: what the actor's inbox holds, and ``redeliver`` for a stored input it
   did not handle;
+- the adapters, through which the actor makes every NATS and KV call: ``store``
+  (``JobStore``: job records with revision checks, ``RecordConflict``,
+  ``RecordUnsure``, the index of unfinished jobs, stored exits), ``registry``
+  (``NodeRegistry``: node registrations), ``commands`` (``NodeCommands``: start, stop,
+  resize and reallocate commands to node agents), ``predictor`` (``PredictorAsks``:
+  estimates, remaining iterations, compute and GPU profiles) and ``publisher``
+  (``Publisher``: job state events and decision summaries);
 - ``actor``: ``LiveScheduler``, the actor.
 
 Every name other code imports from ``gpusched.services.scheduler.live`` is imported
@@ -30,12 +37,10 @@ from gpusched.services.scheduler.live import timing
 from gpusched.services.scheduler.live.actor import (
     SCHEDULER_VERSION,
     LiveScheduler,
-    NodeCommand,
-    RecordConflict,
-    RecordUnsure,
     SchedulerService,
-    _node_share,
 )
+from gpusched.services.scheduler.live.commands import NodeCommand, NodeCommands
+from gpusched.services.scheduler.live.commands import node_share as _node_share
 from gpusched.services.scheduler.live.liveness import Liveness
 from gpusched.services.scheduler.live.messages import (
     Beat,
@@ -53,6 +58,10 @@ from gpusched.services.scheduler.live.messages import (
     StopFailed,
     Sweep,
 )
+from gpusched.services.scheduler.live.predictor import PredictorAsks
+from gpusched.services.scheduler.live.publisher import Publisher
+from gpusched.services.scheduler.live.registry import NodeRegistry
+from gpusched.services.scheduler.live.store import JobStore, RecordConflict, RecordUnsure
 from gpusched.services.scheduler.live.timing import (
     ORPHAN_INDEX_S,
     REDELIVER_MAX_S,
@@ -72,12 +81,17 @@ __all__ = [
     "ComputeMeasured",
     "Durable",
     "Estimated",
+    "JobStore",
     "LiveScheduler",
     "Liveness",
     "Measured",
     "Message",
     "NodeCommand",
+    "NodeCommands",
+    "NodeRegistry",
+    "PredictorAsks",
     "ProgressSeen",
+    "Publisher",
     "RecordConflict",
     "RecordUnsure",
     "RemainingPredicted",

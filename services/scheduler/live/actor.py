@@ -14,7 +14,6 @@ import asyncio
 import collections
 import contextlib
 import functools
-import itertools
 import math
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -27,18 +26,14 @@ from nats import micro
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from gpusched.libs.common import codec, subjects
 from gpusched.libs.common.actor import Actor
 from gpusched.libs.common.bus import Stores, connection
 from gpusched.libs.common.compute_model import with_compute_profile
 from gpusched.libs.common.cpu_sensitivity import Sensitivity
-from gpusched.libs.common.predictor_client import PredictorClient, PredictorClientError
-from gpusched.libs.common.retry import backoff, retry
 from gpusched.libs.common.schemas import (
     CancelRequest,
-    CommandReply,
     ComputeProfile,
     CpuProfile,
     DecisionSummary,
@@ -48,19 +43,10 @@ from gpusched.libs.common.schemas import (
     JobProgressEvent,
     JobRecord,
     JobState,
-    JobStateEvent,
     MeasuredProfile,
-    NodeInfo,
-    Placement,
-    PredictRequest,
     Progress,
-    ReallocateJob,
-    RemainingRequest,
-    ResizeJob,
     SizePredicted,
-    StartJob,
     StateChange,
-    StopJob,
     split_problem,
 )
 from gpusched.libs.common.tasks import cancel_and_wait
@@ -73,6 +59,7 @@ from gpusched.services.scheduler.config import SchedulerConfig
 from gpusched.services.scheduler.gpu_types import GpuMeasured, GpuTypes
 from gpusched.services.scheduler.lease import LeaderLease
 from gpusched.services.scheduler.live import timing
+from gpusched.services.scheduler.live.commands import NodeCommands
 from gpusched.services.scheduler.live.liveness import Liveness
 from gpusched.services.scheduler.live.messages import (
     Beat,
@@ -91,6 +78,10 @@ from gpusched.services.scheduler.live.messages import (
     Sweep,
     redeliver,
 )
+from gpusched.services.scheduler.live.predictor import PredictorAsks
+from gpusched.services.scheduler.live.publisher import Publisher
+from gpusched.services.scheduler.live.registry import NodeRegistry
+from gpusched.services.scheduler.live.store import JobStore, RecordConflict
 from gpusched.services.scheduler.metrics import SchedulerMetrics
 from gpusched.services.scheduler.policies import honours_priority, make_policy
 from gpusched.services.scheduler.policies.base import Policy
@@ -103,31 +94,11 @@ from gpusched.services.scheduler.state import (
     build_snapshot,
     consolidated_nodes,
     finish_estimates,
-    remaining_iterations,
 )
 
 log = structlog.get_logger("gpusched.scheduler")
 
 SCHEDULER_VERSION = "0.1.0"
-
-class RecordConflict(Exception):
-    """A job record changed under the scheduler: another writer (a second leader during
-    a lease handover) got there first. The write is dropped, never forced."""
-
-    def __init__(self, job_id: str) -> None:
-        super().__init__(f"job {job_id}: record changed by another writer")
-        self.job_id = job_id
-
-
-class RecordUnsure(RecordConflict):
-    """A write of a job record failed without a verdict (a timeout, a store that cannot
-    write): it may be stored or not. The job is read back as after a conflict, so no
-    step of it is left half taken (a start whose record was not written)."""
-
-    def __init__(self, job_id: str, error: Exception) -> None:
-        super().__init__(job_id)
-        self.args = (f"job {job_id}: record write failed: {error!r}",)
-
 
 class LiveScheduler(Actor[Message]):
     name = "scheduler"
@@ -139,18 +110,10 @@ class LiveScheduler(Actor[Message]):
         super().__init__()
         self.config = config
         self.metrics = metrics or SchedulerMetrics()
-        self.nc = nc
-        self.stores = stores
         self.policy = make_policy(config.policy, config.time_scale, config.max_resident_slowdown)
         truth: PerformanceModel = load_performance_model(config.data_dir)
         self.scaled = ScaledModel(truth, config.time_scale)
         self.estimates: PerformanceModel = self.scaled
-        self.predictor = PredictorClient(nc, timeout_s=config.predictor_timeout_s)
-        #: models whose measured CPU profile was asked for (the predictor publishes
-        #: any measured later)
-        self.profiles_asked: set[str] = set()
-        #: models whose compute profile was asked for (likewise)
-        self.compute_asked: set[str] = set()
         #: measured profiles per GPU type, and the type jobs are timed on (gpu_types.py)
         self.gpu_types = GpuTypes()
         #: ONES: running jobs' remaining iterations come from the progress predictor
@@ -175,6 +138,15 @@ class LiveScheduler(Actor[Message]):
         self.decide_ms: collections.deque[float] = collections.deque(maxlen=10_000)
         #: the lease is lost: what waits in the inbox is no longer handled (``depose``)
         self.deposed = False
+        # the adapters: every NATS and KV call of the actor goes through one of them
+        self.store = JobStore(stores, self.log)
+        self.registry = NodeRegistry(stores)
+        self.commands = NodeCommands(nc, config, self.log, self.spawn, self.tell)
+        self.predictor = PredictorAsks(
+            nc, config, self.gpu_types, lambda: self.layout.cluster if self.layout else None,
+            self.log, self.spawn, self.tell,
+        )
+        self.publisher = Publisher(nc, config.instance)
 
     def depose(self) -> None:
         """No longer the leader: queued messages are not handled from now on (stored
@@ -196,43 +168,24 @@ class LiveScheduler(Actor[Message]):
 
     async def _load_nodes(self) -> None:
         now = time.time()
-        for key in await self.stores.node_names():
-            with contextlib.suppress(KeyNotFoundError):
-                entry = await self.stores.nodes.get(key)
-                if entry.value:
-                    info = _registration(key, codec.decode(entry.value, NodeInfo))
-                    if info is None:
-                        continue
-                    # a node gets a whole timeout to show it is alive after a takeover
-                    self.nodes[info.name] = LiveNode(info, last_beat=now)
+        for key in await self.registry.names():
+            info = await self.registry.registration(key)
+            if info is not None:
+                # a node gets a whole timeout to show it is alive after a takeover
+                self.nodes[info.name] = LiveNode(info, last_beat=now)
         self._relayout()
 
     async def _load_jobs(self) -> None:
         """Read the unfinished jobs only: the live index, not every job ever stored."""
-        if not await self.stores.live_index_complete():
-            await self._build_live_index()
-        keys = await self.stores.live_job_ids()
-        records = await asyncio.gather(*(self._read(key) for key in keys))
-        for key, stored in zip(keys, records, strict=True):
-            if stored is not None:
-                await self._take(key, *stored)
-
-    async def _build_live_index(self) -> None:
-        """Once per store, written before the index existed: enter every unfinished job."""
-        keys = await self.stores.job_ids()
-        self.log.info("building the index of unfinished jobs", stored=len(keys))
-        for key in keys:
-            stored = await self._read(key)
-            if stored is not None and not stored[0].state.terminal:
-                await self.stores.mark_live(key)
-        await self.stores.mark_live_index_complete()
+        for key, record, revision in await self.store.unfinished():
+            await self._take(key, record, revision)
 
     async def _rescan(self) -> None:
         """Adopt indexed jobs whose submission message never came (a crash between the
         writes of a submit), and drop index entries of finished jobs or of records never
         written. A job that cannot be read now is left to the next rescan."""
         try:
-            keys = await self.stores.live_job_ids()
+            keys = await self.store.live_job_ids()
         except Exception as exc:
             self.log.debug("rescan failed", error=str(exc))
             return
@@ -249,46 +202,31 @@ class LiveScheduler(Actor[Message]):
 
     async def _rescan_one(self, key: str) -> None:
         if key in self.settled:
-            await self._unmark_live(key)
+            await self.store.unmark_live(key)
             return
         # the entry before the record: a submission retried after this read enters
         # the job again (a later revision) before it writes the record
-        mark = await self.stores.live_mark(key)
-        stored = await self._read(key)
+        mark = await self.store.live_mark(key)
+        stored = await self.store.read(key)
         if stored is None:
             if mark is not None and time.time() - mark[0] > timing.ORPHAN_INDEX_S:
                 # only the entry read: one made since by a retried submission stays
-                await self._unmark_live(key, mark[1])
+                await self.store.unmark_live(key, mark[1])
             return
         if await self._take(key, *stored) is not None:
             self.log.info("adopted a job without a submission message", job_id=key)
             self._request_round()
 
-    async def _unmark_live(self, job_id: str, revision: int | None = None) -> None:
-        try:
-            await self.stores.unmark_live(job_id, revision)
-        except Exception as exc:  # the next rescan tries again
-            self.log.debug("could not unmark a finished job", job_id=job_id, error=str(exc))
-
-    async def _read(self, job_id: str) -> tuple[JobRecord, int] | None:
-        try:
-            entry = await self.stores.jobs.get(job_id)
-        except KeyNotFoundError:
-            return None
-        if not entry.value or entry.revision is None:
-            return None
-        return codec.decode(entry.value, JobRecord), entry.revision
-
     async def _adopt(self, job_id: str) -> LiveJob | None:
         """Take a stored record into the picture (a submission, a cancel)."""
         if job_id in self.jobs:
             return self.jobs[job_id]
-        stored = await self._read(job_id)
+        stored = await self.store.read(job_id)
         if stored is None:
             return None
         job = await self._take(job_id, *stored)
         if job is not None:
-            await self.stores.mark_live(job_id)
+            await self.store.mark_live(job_id)
         return job
 
     async def _take(self, job_id: str, record: JobRecord, revision: int) -> LiveJob | None:
@@ -296,7 +234,7 @@ class LiveScheduler(Actor[Message]):
             return self.jobs[job_id]
         if record.state.terminal:
             self.settled.add(job_id)
-            await self._unmark_live(job_id)
+            await self.store.unmark_live(job_id)
             return None
         try:
             est = self._profiled_iteration_s(record)
@@ -325,75 +263,14 @@ class LiveScheduler(Actor[Message]):
             job.unconfirmed_start = True
         self.jobs[job_id] = job
         # the profile answers now; the predictor's (learned) figure replaces it when it comes
-        self.spawn(self._ask_predictor(record))
-        if record.current_spec.model not in self.compute_asked:
-            self.compute_asked.add(record.current_spec.model)
-            self.spawn(self._ask_compute_profile(record.current_spec.model))
+        self.predictor.ask_estimate(record)
+        self.predictor.ask_compute_profile(record.current_spec.model)
         return job
 
     def _profiled_iteration_s(self, record: JobRecord) -> float:
         spec = record.current_spec
         nodes = consolidated_nodes(spec.gpus, self.layout.cluster if self.layout else None)
         return self.estimates.iteration_time(spec.model, spec.batch_size, spec.gpus, nodes)
-
-    async def _ask_predictor(self, record: JobRecord) -> None:
-        """Runs beside the actor; reports back as a message."""
-        spec = record.current_spec
-        nodes = consolidated_nodes(spec.gpus, self.layout.cluster if self.layout else None)
-        request = PredictRequest(
-            model=spec.model,
-            batch_size=spec.batch_size,
-            gpus=spec.gpus,
-            nodes=nodes,
-            cpus_per_gpu=spec.cpus_per_gpu,
-            mem_gb_per_gpu=spec.mem_gb_per_gpu,
-            gpu_type=self.gpu_types.main,
-        )
-        try:
-            prediction = await self.predictor.throughput(request)
-        except PredictorClientError as exc:
-            self.log.debug("predictor unavailable; keeping the profile", error=str(exc))
-            return
-        if prediction.iteration_s:
-            self.tell(Estimated(record.id, spec.batch_size, spec.gpus,
-                                prediction.iteration_s * self.config.time_scale))
-        if spec.model not in self.profiles_asked:
-            self.profiles_asked.add(spec.model)
-            try:
-                profile = await self.predictor.cpu_profile(spec.model)
-            except PredictorClientError as exc:
-                self.profiles_asked.discard(spec.model)  # the next job of it asks again
-                self.log.debug("no CPU profile from the predictor", error=str(exc))
-                return
-            if profile is not None:
-                self.tell(Measured(profile))
-
-    async def _ask_compute_profile(self, model: str) -> None:
-        try:
-            profile = await self.predictor.compute_profile(model)
-        except PredictorClientError as exc:
-            self.compute_asked.discard(model)  # the next job of it asks again
-            self.log.debug("no compute profile from the predictor", error=str(exc))
-            return
-        if profile is not None:
-            self.tell(ComputeMeasured(profile))
-
-    async def _ask_remaining(self, record: JobRecord, iteration: int) -> None:
-        """A running job's remaining iterations from the progress predictor (runs beside
-        the actor; reports back as a message)."""
-        request = RemainingRequest(
-            job_id=record.id,
-            model=record.current_spec.model,
-            batch_size=record.current_spec.batch_size,
-            iteration=iteration,
-            planned=remaining_iterations(record, iteration),
-        )
-        try:
-            prediction = await self.predictor.remaining(request)
-        except PredictorClientError as exc:
-            self.log.debug("no remaining iterations from the predictor", error=str(exc))
-            return
-        self.tell(RemainingPredicted(record.id, record.run_id, iteration, prediction.value))
 
     # ---- dispatch -------------------------------------------------------------------
     async def handle(self, message: Message) -> None:
@@ -486,16 +363,6 @@ class LiveScheduler(Actor[Message]):
         self.log.info("using measured figures", gpu_type=profile.gpu_type, models=sorted(changed))
         self._request_round()
 
-    async def _ask_gpu_profile(self, gpu_type: str) -> None:
-        try:
-            profile = await self.predictor.measured_profile(gpu_type)
-        except PredictorClientError as exc:
-            self.gpu_types.asked.discard(gpu_type)  # asked again when the nodes change
-            self.log.debug("no measured profile from the predictor", error=str(exc))
-            return
-        if profile is not None:
-            self.tell(GpuMeasured(profile))
-
     def _request_round(self) -> None:
         if not self.round_queued:
             self.round_queued = True
@@ -526,24 +393,16 @@ class LiveScheduler(Actor[Message]):
 
     # ---- records --------------------------------------------------------------------
     async def _write(self, job: LiveJob, record: JobRecord) -> None:
-        """Compare-and-set the record. A conflict means someone else wrote it since we
-        read it; their record stands and ``RecordConflict`` makes the actor read it back
-        (see ``_resync``)."""
-        data = codec.encode(record)
-        try:
-            job.revision = await self.stores.jobs.update(job.id, data, last=job.revision)
-        except KeyWrongLastSequenceError:
-            raise RecordConflict(job.id) from None
-        except Exception as exc:
-            # a timeout may have stored it or not: ``_resync`` reads what is stored
-            raise RecordUnsure(job.id, exc) from exc
-        job.record = record
+        """Compare-and-set the job's record (``JobStore.write``). The actor's own steps
+        call the store; this stays for callers of the one-module scheduler
+        (tests/test_scheduler_hardening.py writes through it)."""
+        await self.store.write(job, record)
 
     async def _write_partner(self, partner: LiveJob, record: JobRecord) -> None:
         """A write of another job's record on the way: its failure is that job's, read
         back after this message, and does not stop the step under way."""
         try:
-            await self._write(partner, record)
+            await self.store.write(partner, record)
         except RecordConflict as failed:
             self.log.warning("partner record not written", job_id=partner.id, error=str(failed))
             self.tell(Resync(partner.id))
@@ -555,7 +414,7 @@ class LiveScheduler(Actor[Message]):
         free GPUs it may hold) and a ``Resync`` asks again."""
         self.log.warning("reading a job's record back", job_id=job_id, why=why)
         try:
-            stored = await self._read(job_id)
+            stored = await self.store.read(job_id)
         except Exception as exc:
             self.log.warning("record not read back; trying again", job_id=job_id,
                              error=repr(exc))
@@ -585,22 +444,9 @@ class LiveScheduler(Actor[Message]):
             pending_reason=reason if state.waiting else "",
             **changes,
         )
-        await self._write(job, record)
+        await self.store.write(job, record)
         self.metrics.transitioned(state.value, reason)
-        await self._publish_state(job, reason)
-
-    async def _publish_state(self, job: LiveJob, reason: str) -> None:
-        event = JobStateEvent(
-            job_id=job.id,
-            state=job.record.state,
-            at=time.time(),
-            reason=reason,
-            placement=job.record.placement,
-        )
-        with contextlib.suppress(Exception):
-            await self.nc.publish(
-                subjects.job_state(job.id), codec.encode(event), headers=codec.headers()
-            )
+        await self.publisher.job_state(job, reason)
 
     async def _share_with(self, job: LiveJob, partners: Sequence[str]) -> None:
         """A job that joins residents' GPUs is named in each resident's ``shares_with``
@@ -625,7 +471,7 @@ class LiveScheduler(Actor[Message]):
         await self._transition(job, state, reason, **changes)
         self.jobs.pop(job.id, None)
         self.settled.add(job.id)
-        await self._unmark_live(job.id)
+        await self.store.unmark_live(job.id)
         self._request_round()
 
     async def _requeue(self, job: LiveJob, state: JobState, reason: str, **changes: Any) -> None:
@@ -649,7 +495,7 @@ class LiveScheduler(Actor[Message]):
             return
         if job.stop_reason == "cancel":
             return
-        await self._write(job, replace(job.record, cancel_requested=True))
+        await self.store.write(job, replace(job.record, cancel_requested=True))
         self._stop(job, "cancel")
 
     async def _size_predicted(self, predicted: SizePredicted) -> None:
@@ -661,8 +507,8 @@ class LiveScheduler(Actor[Message]):
         job = self.jobs.get(predicted.job_id) or await self._adopt(predicted.job_id)
         if job is None or job.record.prediction_source is not None:
             return
-        await self._write(job, replace(job.record, predicted_iterations=predicted.iterations,
-                                       prediction_source=predicted.source))
+        await self.store.write(job, replace(job.record, predicted_iterations=predicted.iterations,
+                                            prediction_source=predicted.source))
         self.log.info("predicted size", job_id=job.id, iterations=round(predicted.iterations),
                       source=predicted.source, declared=job.record.total_iterations)
         self._request_round()
@@ -743,26 +589,23 @@ class LiveScheduler(Actor[Message]):
             whole = math.floor(epoch + 1e-9)
             if whole > job.asked_epoch:  # once per epoch: the prediction changes no faster
                 job.asked_epoch = whole
-                self.spawn(self._ask_remaining(job.record, job.iteration))
+                self.predictor.ask_remaining(job.record, job.iteration)
         if job.iteration_at - job.last_progress_write >= self.config.progress_write_s:
             job.last_progress_write = job.iteration_at
-            await self._write(job, replace(job.record, progress=event.progress))
+            await self.store.write(job, replace(job.record, progress=event.progress))
 
     async def _beat(self, beat: Heartbeat) -> None:
         now = time.time()
         self.beat_lag_s.append(max(0.0, now - beat.at))
         node = self.nodes.get(beat.node)
         if node is None:
-            with contextlib.suppress(KeyNotFoundError):
-                entry = await self.stores.nodes.get(beat.node)
-                if entry.value:
-                    info = _registration(beat.node, codec.decode(entry.value, NodeInfo))
-                    node = None if info is None else LiveNode(info, last_beat=now)
-                if node is not None:
-                    self.nodes[beat.node] = node
-                    self._relayout()
-                    self.log.info("node joined", node=beat.node)
-                    self._request_round()
+            info = await self.registry.registration(beat.node)
+            if info is not None:
+                node = LiveNode(info, last_beat=now)
+                self.nodes[beat.node] = node
+                self._relayout()
+                self.log.info("node joined", node=beat.node)
+                self._request_round()
             if node is None:
                 return
         node.last_beat = now
@@ -778,7 +621,7 @@ class LiveScheduler(Actor[Message]):
                 continue
             # the node runs something we did not start (or no longer want): truth wins,
             # and what is not ours to run is stopped
-            self._send_stop(beat.node, running.job_id, running.run_id, "lost")
+            self.commands.stop(beat.node, running.job_id, running.run_id, "lost")
 
     async def _sweep(self) -> None:
         now = time.time()
@@ -835,38 +678,17 @@ class LiveScheduler(Actor[Message]):
     async def _refresh_nodes(self) -> None:
         """Deregistered nodes leave at once rather than after a heartbeat timeout."""
         try:
-            keys = set(await self.stores.node_names())
+            keys = set(await self.registry.names())
         except Exception:
             return
         for name in [n for n in self.nodes if n not in keys]:
             self.nodes[name].last_beat = 0.0
 
-    async def _stored_exit(self, job: LiveJob) -> JobExit | None:
-        """The exit of the job's current run if its leading node stored one that we have
-        not handled yet (it waits in the exits stream behind other work). Only that
-        node's subject is read: no other node can publish there."""
-        if not job.record.placement:
-            return None
-        leader = job.record.placement[0].node
-        try:
-            raw = await self.stores.js.get_last_msg(
-                subjects.EXITS_STREAM, subjects.job_exit(leader, job.id)
-            )
-        except NotFoundError:
-            return None
-        if not raw.data:
-            return None
-        try:
-            exit = codec.decode(raw.data, JobExit)
-        except msgspec.DecodeError:
-            return None
-        return exit if exit.run_id == job.record.run_id and exit.node == leader else None
-
     async def _lost(self, job: LiveJob, why: str) -> None:
         # a run that ended has its exit stored before its node forgets it: that exit, not
         # a requeue, is the job's fate, or a finished job would run again
         try:
-            exit = await self._stored_exit(job)
+            exit = await self.store.stored_exit(job)
         except Exception as exc:
             # not knowing whether it ended is no reason to run it twice: ask again later
             self.log.warning("cannot look for a stored exit; job left as it is",
@@ -878,7 +700,7 @@ class LiveScheduler(Actor[Message]):
             return
         for part in job.record.placement:
             if part.node in self.nodes:
-                self._send_stop(part.node, job.id, job.record.run_id, "lost")
+                self.commands.stop(part.node, job.id, job.record.run_id, "lost")
         if job.record.cancel_requested:
             await self._finish(job, JobState.CANCELLED, "cancelled by the user", placement=[])
             return
@@ -891,7 +713,7 @@ class LiveScheduler(Actor[Message]):
             self.estimates = self.gpu_types.over(self.scaled)
         wanted = self.gpu_types.to_ask()
         if wanted is not None:
-            self.spawn(self._ask_gpu_profile(wanted))
+            self.predictor.ask_gpu_profile(wanted)
 
     # ---- rounds ---------------------------------------------------------------------
     async def _round(self) -> None:
@@ -943,12 +765,7 @@ class LiveScheduler(Actor[Message]):
                 pending=len(snapshot.pending) - len(started_ids),
                 decide_ms=self.last_decide_ms,
             )
-            with contextlib.suppress(Exception):
-                await self.nc.publish(
-                    subjects.scheduler_decision(self.config.instance),
-                    codec.encode(summary),
-                    headers=codec.headers(),
-                )
+            await self.publisher.decision(summary)
 
     def _refused(self, snapshot: Snapshot, decision: Decision) -> bool:
         """Whether the decision breaks the cluster's limits (a GPU booked twice, memory
@@ -963,7 +780,7 @@ class LiveScheduler(Actor[Message]):
 
     async def _explain(self, job: LiveJob, reason: str) -> None:
         if job.record.pending_reason != reason and not job.record.state.terminal:
-            await self._write(job, replace(job.record, pending_reason=reason))
+            await self.store.write(job, replace(job.record, pending_reason=reason))
 
     async def _estimate(self, job: LiveJob, end: float, run_s: float) -> None:
         """Store when a job with a deadline is expected to finish, when that moved by more
@@ -974,7 +791,7 @@ class LiveScheduler(Actor[Message]):
             old is not None and abs(end - old) <= 0.05 * max(end - time.time(), 0.0)
         ):
             return
-        await self._write(job, replace(record, est_end_at=end, est_run_s=run_s))
+        await self.store.write(job, replace(record, est_end_at=end, est_run_s=run_s))
 
     async def _explain_all(self, reason: str) -> None:
         for job in self.jobs.values():
@@ -997,7 +814,7 @@ class LiveScheduler(Actor[Message]):
         run_id = job.record.run_id + 1
         job.phase = Phase.STARTING
         job.last_seen = time.time()
-        await self._write(
+        await self.store.write(
             job,
             replace(
                 job.record,
@@ -1020,76 +837,7 @@ class LiveScheduler(Actor[Message]):
             **({"cpus": start.cpus} if start.cpus is not None else {}),
             **({"mem_gb": start.mem_gb} if start.mem_gb is not None else {}),
         )
-        self.spawn(self._send_starts(job.record, placement))
-
-    async def _send_starts(self, record: JobRecord, placement: list[Placement]) -> None:
-        """Runs beside the actor; reports back as a message. The leader part starts
-        first: for a process job across nodes its reply says where the ranks meet."""
-        spec = record.current_spec
-        commands = [
-            StartJob(
-                job_id=record.id,
-                run_id=record.run_id,
-                spec=spec,
-                total_iterations=record.total_iterations,
-                gpus=part.gpus,
-                accum_steps=record.accum_steps,
-                co_runners=record.shares_with,
-                resume_iteration=record.progress.iteration,
-                nodes=len(placement),
-                leader=i == 0,
-                cpus=_node_share(record.cpus, part, placement),
-                mem_gb=_node_share(record.mem_gb, part, placement),
-            )
-            for i, part in enumerate(placement)
-        ]
-        error, reply = await self._request(placement[0].node, commands[0])
-        errors = [f"{placement[0].node}: {error}"] if error else []
-        if not errors and len(placement) > 1:
-            followers = commands[1:]
-            if reply is not None and reply.rendezvous:
-                first_ranks = itertools.accumulate(len(p.gpus) for p in placement)
-                followers = [
-                    replace(command, rendezvous=reply.rendezvous, first_rank=first,
-                            world_size=spec.gpus)
-                    for command, first in zip(followers, first_ranks, strict=False)
-                ]
-            results = await asyncio.gather(
-                *(self._command(part.node, cmd)
-                  for part, cmd in zip(placement[1:], followers, strict=True))
-            )
-            errors = [f"{p.node}: {e}" for p, e in zip(placement[1:], results, strict=True) if e]
-            if errors:
-                for part, result in zip(placement, ["", *results], strict=True):
-                    if not result:
-                        await self._command(part.node, StopJob(
-                            job_id=record.id, run_id=record.run_id, reason="lost"))
-        unanswered = bool(errors) and reply is None and len(placement) == 1
-        self.tell(StartResult(record.id, record.run_id, "; ".join(errors), unanswered))
-
-    async def _command(self, node: str, command: NodeCommand) -> str:
-        """Send with retries; '' on success, else why it failed."""
-        error, _ = await self._request(node, command)
-        return error
-
-    async def _request(
-        self, node: str, command: NodeCommand
-    ) -> tuple[str, CommandReply | None]:
-        data = codec.encode(command)
-
-        async def ask() -> CommandReply:
-            reply = await self.nc.request(
-                subjects.node_command(node), data,
-                timeout=self.config.command_timeout_s, headers=codec.headers(),
-            )
-            return codec.decode(reply.data, CommandReply)
-
-        attempts = itertools.islice(backoff(0.05, 0.5), self.config.command_retries)
-        try:
-            answer = await retry(ask, delays=attempts)
-        except Exception as exc:
-            return f"no answer ({type(exc).__name__})", None
-        return ("" if answer.ok else (answer.error or "refused")), answer
+        self.commands.start(job.record, placement)
 
     async def _confirm_start(self, job: LiveJob) -> None:
         """A run an earlier leader started is alive on its node: it runs from now on."""
@@ -1107,7 +855,7 @@ class LiveScheduler(Actor[Message]):
             # whichever run the node has, it checkpoints and goes; the job starts anew
             for run_id in (job.resizing_from, job.record.run_id):
                 for part in job.record.placement:
-                    self._send_stop(part.node, job.id, run_id, "preempt")
+                    self.commands.stop(part.node, job.id, run_id, "preempt")
             await self._requeue(job, JobState.PREEMPTED, f"resize failed ({result.error})",
                                 preemptions=job.record.preemptions + 1)
             return
@@ -1154,7 +902,7 @@ class LiveScheduler(Actor[Message]):
             accum_steps=resize.accum_steps, reason=resize.reason, **shape,
         )
         if len(before) != 1 or len(placement) != 1 or before[0].node != placement[0].node:
-            await self._write(job, replace(job.record, **shape))
+            await self.store.write(job, replace(job.record, **shape))
             self._reestimate(job)
             self._stop(job, "preempt")
             return
@@ -1163,7 +911,7 @@ class LiveScheduler(Actor[Message]):
         job.phase = Phase.STARTING
         job.last_seen = now
         await self._unshare(job)
-        await self._write(
+        await self.store.write(
             job,
             replace(
                 job.record,
@@ -1175,20 +923,8 @@ class LiveScheduler(Actor[Message]):
             ),
         )
         self._reestimate(job)
-        command = ResizeJob(
-            job_id=job.id,
-            run_id=job.resizing_from,
-            new_run_id=job.record.run_id,
-            gpus=placement[0].gpus,
-            batch_size=resize.batch_size,
-            accum_steps=resize.accum_steps,
-        )
-        node, run_id = placement[0].node, job.record.run_id
-
-        async def send() -> None:
-            self.tell(StartResult(job.id, run_id, await self._command(node, command)))
-
-        self.spawn(send())
+        self.commands.resize(job.id, job.resizing_from, job.record.run_id, placement[0],
+                             resize.batch_size, resize.accum_steps)
 
     async def _reallocate(self, reallocation: Reallocate) -> None:
         """A running job's CPU cores and host memory change in place: each of its nodes
@@ -1197,64 +933,28 @@ class LiveScheduler(Actor[Message]):
         if job is None or job.phase != Phase.RUNNING:
             return
         record = replace(job.record, cpus=reallocation.cpus, mem_gb=reallocation.mem_gb)
-        await self._write(job, record)
+        await self.store.write(job, record)
         self.log.info(
             "reallocating job", job_id=job.id, cpus=reallocation.cpus,
             mem_gb=reallocation.mem_gb, reason=reallocation.reason,
         )
-        for part in record.placement:
-            command = ReallocateJob(
-                job_id=record.id,
-                run_id=record.run_id,
-                cpus=_node_share(reallocation.cpus, part, record.placement) or 0.0,
-                mem_gb=_node_share(reallocation.mem_gb, part, record.placement) or 0.0,
-            )
-            self.spawn(self._send_reallocation(part.node, command))
-
-    async def _send_reallocation(self, node: str, command: ReallocateJob) -> None:
-        error = await self._command(node, command)
-        if error:
-            # the run keeps its previous allocation; the next round may try again
-            self.log.warning("reallocation failed", job_id=command.job_id, node=node,
-                             error=error)
+        self.commands.reallocate(record)
 
     def _reestimate(self, job: LiveJob) -> None:
         with contextlib.suppress(UnknownModelError):
             job.est_iteration_s = self._profiled_iteration_s(job.record)
-        self.spawn(self._ask_predictor(job.record))
+        self.predictor.ask_estimate(job.record)
 
     def _stop(self, job: LiveJob, reason: str) -> None:
         job.phase = Phase.STOPPING
         job.stop_reason = reason
         for part in job.record.placement:
-            self._send_stop(part.node, job.id, job.record.run_id, reason)
+            self.commands.stop(part.node, job.id, job.record.run_id, reason)
 
     def _stop_followers(self, job: LiveJob, leader: str) -> None:
         for part in job.record.placement:
             if part.node != leader:
-                self._send_stop(part.node, job.id, job.record.run_id, "lost")
-
-    def _send_stop(self, node: str, job_id: str, run_id: int, reason: str) -> None:
-        command = StopJob(job_id=job_id, run_id=run_id, reason=reason)  # type: ignore[arg-type]
-
-        async def send() -> None:
-            error = await self._command(node, command)
-            if error:
-                self.tell(StopFailed(job_id, run_id, error))
-
-        self.spawn(send())
-
-
-#: the commands the scheduler sends a node agent
-NodeCommand = StartJob | StopJob | ResizeJob | ReallocateJob
-
-
-def _node_share(amount: float | None, part: Placement, placement: list[Placement]) -> float | None:
-    """A node's part of a job's CPUs or memory: in proportion to the job's GPUs there."""
-    if amount is None:
-        return None
-    gpus = sum(len(p.gpus) for p in placement)
-    return amount * len(part.gpus) / gpus
+                self.commands.stop(part.node, job.id, job.record.run_id, "lost")
 
 
 def _resize_problem(record: JobRecord, resize: Resize) -> str:
@@ -1512,16 +1212,6 @@ def _from_sender(
     metrics.report_refused(kind)
     log.warning("report claiming another sender dropped", kind=kind, subject=msg.subject,
                 claimed_node=report.node[:64])
-    return None
-
-
-def _registration(key: str, info: NodeInfo) -> NodeInfo | None:
-    """A node's registration, stored under its own key (the only one its user may
-    write); one naming another node is dropped."""
-    if info.name == key:
-        return info
-    log.warning("registration naming another node dropped", key=key,
-                claimed_node=info.name[:64])
     return None
 
 
