@@ -1,11 +1,16 @@
 """What a scheduler believes of a job, the same in both drivers (the simulator's
 ``services/scheduler/simulator.py`` and the live scheduler's
-``services/scheduler/state.py``): the iterations it has left.
+``services/scheduler/state.py``): the iterations it has left, and the view of it a
+policy gets (``job_view``, over the fields each driver keeps in its own record).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from gpusched.libs.core.lifecycle import JobState
 from gpusched.libs.core.size_predictor import OVERRUN_SHARE
+from gpusched.libs.core.snapshot import JobView
 
 
 def remaining_iterations(believed: float, done: float, stops_at: float | None = None) -> float:
@@ -28,3 +33,83 @@ def remaining_iterations(believed: float, done: float, stops_at: float | None = 
             return left
         return min(left, max(believed - done, OVERRUN_SHARE * believed))
     return max(believed - done, OVERRUN_SHARE * believed)
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Where and how a job that holds GPUs runs: what its view says only while it holds
+    them (being started or stopped included)."""
+
+    gpu_ids: tuple[int, ...]
+    accum_steps: int
+    #: exclusive seconds of work done per wall second (1/slowdown; 0 while restoring a
+    #: checkpoint, being started or being stopped)
+    progress_rate: float
+    #: when the current run began
+    started_at: float
+    #: CPU cores and host memory GB the whole job holds; None: the GPU-proportional share
+    cpus: float | None = None
+    mem_gb: float | None = None
+    #: seconds one epoch of its data set takes at its current shape; None: unknown
+    epoch_s: float | None = None
+
+
+#: what a job that holds no GPUs has of a run: the view's defaults
+_NO_RUN = Run(gpu_ids=(), accum_steps=1, progress_rate=0.0, started_at=0.0)
+
+
+def job_view(
+    *,
+    job_id: str,
+    submit_time: float,
+    model: str,
+    gpus: int,
+    batch_size: int,
+    allow_sharing: bool,
+    deadline: float | None,
+    user: str,
+    priority: int,
+    est_remaining_s: float,
+    attained_gpu_s: float,
+    as_of: float,
+    queued_since: float,
+    preemptions: int,
+    run: Run | None = None,
+    oracle_remaining_s: float | None = None,
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+) -> JobView:
+    """The job as a policy sees it, from the fields each driver keeps in its own record
+    of a job (the simulator's ``SimJob``, the live scheduler's ``LiveJob``): RUNNING with
+    ``run``'s fields while it holds GPUs, else QUEUED with no GPUs, one accumulation
+    step, no progress, no start and the proportional share. ``est_remaining_s`` and
+    ``attained_gpu_s`` are as of ``as_of`` (see ``JobView``); ``oracle_remaining_s`` only
+    a simulator knows."""
+    held = _NO_RUN if run is None else run
+    return JobView(
+        job_id=job_id,
+        submit_time=submit_time,
+        model=model,
+        gpus=gpus,
+        batch_size=batch_size,
+        est_remaining_s=est_remaining_s,
+        attained_gpu_s=attained_gpu_s,
+        as_of=as_of,
+        allow_sharing=allow_sharing,
+        deadline=deadline,
+        oracle_remaining_s=oracle_remaining_s,
+        state=JobState.QUEUED if run is None else JobState.RUNNING,
+        gpu_ids=held.gpu_ids,
+        accum_steps=held.accum_steps,
+        progress_rate=held.progress_rate,
+        queued_since=queued_since,
+        started_at=held.started_at,
+        preemptions=preemptions,
+        cpus=held.cpus,
+        mem_gb=held.mem_gb,
+        epoch_s=held.epoch_s,
+        user=user,
+        priority=priority,
+        tensor_parallel=tensor_parallel,
+        pipeline_parallel=pipeline_parallel,
+    )

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from gpusched.libs.core.cluster import Cluster, HostUse
 from gpusched.libs.core.convergence import remaining_after_resize
 from gpusched.libs.core.decision import Decision, Reallocate, Resize, Start, decision_problems
-from gpusched.libs.core.job_state import remaining_iterations
+from gpusched.libs.core.job_state import Run, job_view, remaining_iterations
 from gpusched.libs.core.jobs import JobSpec
 from gpusched.libs.core.lifecycle import JobState
 from gpusched.libs.core.parallelism import alone_iteration_time, placed_iteration_time
@@ -255,31 +255,36 @@ class Simulator:
     def _view(self, job: SimJob) -> JobView:
         """The job as policies see it now: queued, or running where it runs."""
         spec = job.spec
-        running = job.state is JobState.RUNNING
-        return JobView(
+        run = (
+            Run(
+                gpu_ids=job.gpu_ids,
+                accum_steps=job.accum,
+                progress_rate=job.est_iter / job.iter_time,
+                started_at=job.started_at,
+                cpus=job.cpus,
+                mem_gb=job.mem_gb,
+                epoch_s=self._epoch_s(job),
+            )
+            if job.state is JobState.RUNNING
+            else None
+        )
+        return job_view(
             job_id=spec.job_id,
             submit_time=spec.submit_time,
             model=spec.model,
             gpus=spec.gpus,
             batch_size=spec.batch_size,
+            allow_sharing=spec.allow_sharing,
+            deadline=spec.deadline,
+            user=spec.user,
+            priority=spec.priority,
             est_remaining_s=self._predicted_remaining_iterations(job) * job.est_iter,
             attained_gpu_s=job.attained,
             as_of=self.clock,
-            allow_sharing=spec.allow_sharing,
-            deadline=spec.deadline,
-            oracle_remaining_s=job.remaining * job.exclusive_iter,
             queued_since=job.queued_since,
             preemptions=job.preemptions,
-            state=JobState.RUNNING if running else JobState.QUEUED,
-            gpu_ids=job.gpu_ids if running else (),
-            accum_steps=job.accum if running else 1,
-            progress_rate=job.est_iter / job.iter_time if running else 0.0,
-            started_at=job.started_at if running else 0.0,
-            cpus=job.cpus if running else None,
-            mem_gb=job.mem_gb if running else None,
-            epoch_s=self._epoch_s(job) if running else None,
-            user=spec.user,
-            priority=spec.priority,
+            run=run,
+            oracle_remaining_s=job.remaining * job.exclusive_iter,
             tensor_parallel=spec.tensor_parallel,
             pipeline_parallel=spec.pipeline_parallel,
         )

@@ -10,13 +10,12 @@ import enum
 import math
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpusched.libs.common.cpu_sensitivity import Sensitivity
 from gpusched.libs.common.schemas import SOURCE_FOREST, JobRecord, NodeInfo, Placement, Progress
 from gpusched.libs.core.cluster import Allocation, Cluster, HostUse, Node
+from gpusched.libs.core.job_state import Run, job_view
 from gpusched.libs.core.job_state import remaining_iterations as core_remaining_iterations
-from gpusched.libs.core.lifecycle import JobState
 from gpusched.libs.core.perf import CpuMemDemand, DelegatingModel, PerformanceModel
 from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.scheduler.policies.base import Policy
@@ -245,24 +244,29 @@ def job_memory_mb(job: LiveJob, estimates: PerformanceModel) -> float:
     )
 
 
-def _view(job: LiveJob, as_of: float, **extra: Any) -> JobView:
+def _view(job: LiveJob, as_of: float, run: Run | None = None) -> JobView:
+    """The job's view as of ``as_of``, built by the rule both drivers share
+    (``gpusched.libs.core.job_state.job_view``): running where ``run`` is given. The
+    live views carry no parallel degrees (the core builder's default, 1 x 1) and no
+    oracle figure."""
     record = job.record
     spec = record.current_spec
-    return JobView(
+    return job_view(
         job_id=job.id,
         submit_time=record.submitted_at,
         model=spec.model,
         gpus=spec.gpus,
         batch_size=spec.batch_size,
+        allow_sharing=spec.allow_sharing,
+        deadline=spec.deadline,
+        user=record.tenant,
+        priority=spec.priority,
         est_remaining_s=job.remaining_s(),
         attained_gpu_s=job.attained_at(as_of),
         as_of=as_of,
-        allow_sharing=spec.allow_sharing,
-        deadline=spec.deadline,
+        queued_since=job.queued_since,
         preemptions=record.preemptions,
-        user=record.tenant,
-        priority=spec.priority,
-        **extra,
+        run=run,
     )
 
 
@@ -295,7 +299,7 @@ def waiting_view(job: LiveJob, now: float) -> JobView:
     also spares a round most of the cost of a long queue."""
 
     def make() -> JobView:
-        return _view(job, now, queued_since=job.queued_since)
+        return _view(job, now)
 
     if job.running_since:  # its service grows until it is settled: new every round
         return make()
@@ -313,19 +317,17 @@ def running_view(job: LiveJob, now: float, gpu_ids: tuple[int, ...]) -> JobView:
     so new every round."""
 
     def make() -> JobView:
-        return _view(
-            job, job.iteration_at or now,
-            state=JobState.RUNNING,
+        run = Run(
             gpu_ids=gpu_ids,
             accum_steps=job.record.accum_steps,
             # a stopping job finishes nothing more; one being started not yet
             progress_rate=1.0 if job.phase == Phase.RUNNING else 0.0,
-            queued_since=job.queued_since,
             started_at=job.running_since,
             cpus=job.record.cpus,
             mem_gb=job.record.mem_gb,
             epoch_s=_epoch_s(job),
-        )  # fmt: skip
+        )
+        return _view(job, job.iteration_at or now, run)
 
     if not job.iteration_at:
         return make()
