@@ -21,7 +21,13 @@ The package's modules, each importing only those above it in this list:
   resize and reallocate commands to node agents), ``predictor`` (``PredictorAsks``:
   estimates, remaining iterations, compute and GPU profiles) and ``publisher``
   (``Publisher``: job state events and decision summaries);
-- ``actor``: ``LiveScheduler``, the actor.
+- ``reports``: what a node's report proves about its sender;
+- ``picture`` (``Picture``: what the leader knows of jobs and nodes, and the steps
+  that change a job's record), ``rounds`` (``Rounds``: a round, and the application of
+  its decision) and ``actor`` (``LiveScheduler``: its inputs), one actor in three
+  modules, each class built on the one before;
+- ``service``: ``SchedulerService``, the lease and leadership, the consumers and
+  subscriptions that feed the actor, and its status.
 
 Every name other code imports from ``gpusched.services.scheduler.live`` is imported
 here, so importers need not know the modules.
@@ -34,11 +40,7 @@ import types
 from typing import Any
 
 from gpusched.services.scheduler.live import timing
-from gpusched.services.scheduler.live.actor import (
-    SCHEDULER_VERSION,
-    LiveScheduler,
-    SchedulerService,
-)
+from gpusched.services.scheduler.live.actor import LiveScheduler
 from gpusched.services.scheduler.live.commands import NodeCommand, NodeCommands
 from gpusched.services.scheduler.live.commands import node_share as _node_share
 from gpusched.services.scheduler.live.liveness import Liveness
@@ -58,9 +60,12 @@ from gpusched.services.scheduler.live.messages import (
     StopFailed,
     Sweep,
 )
+from gpusched.services.scheduler.live.picture import Picture
 from gpusched.services.scheduler.live.predictor import PredictorAsks
 from gpusched.services.scheduler.live.publisher import Publisher
 from gpusched.services.scheduler.live.registry import NodeRegistry
+from gpusched.services.scheduler.live.rounds import Rounds
+from gpusched.services.scheduler.live.service import SCHEDULER_VERSION, SchedulerService
 from gpusched.services.scheduler.live.store import JobStore, RecordConflict, RecordUnsure
 from gpusched.services.scheduler.live.timing import (
     ORPHAN_INDEX_S,
@@ -89,6 +94,7 @@ __all__ = [
     "NodeCommand",
     "NodeCommands",
     "NodeRegistry",
+    "Picture",
     "PredictorAsks",
     "ProgressSeen",
     "Publisher",
@@ -98,6 +104,7 @@ __all__ = [
     "Rescan",
     "Resync",
     "Round",
+    "Rounds",
     "SchedulerService",
     "StartResult",
     "StopFailed",
