@@ -769,7 +769,7 @@ async def test_openapi_is_valid_json_naming_every_route_without_a_token(api: Api
     assert document["openapi"].startswith("3.1")
     assert set(document["paths"]) == {
         "/v1/jobs", "/v1/jobs/{id}", "/v1/jobs/{id}/events", "/v1/cluster", "/healthz",
-        "/metrics", "/openapi.json", "/v1/predictor/size-error",
+        "/metrics", "/openapi.json", "/v1/predictor/size-error", "/v1/history/export",
     }
     assert {"post", "get"} <= set(document["paths"]["/v1/jobs"])
     assert {"get", "delete"} <= set(document["paths"]["/v1/jobs/{id}"])

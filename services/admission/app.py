@@ -31,7 +31,7 @@ from gpusched.libs.common.schemas import (
 )
 from gpusched.libs.common.tasks import cancel_and_wait
 from gpusched.libs.core.groundtruth import load_performance_model
-from gpusched.services.admission import params, problems, quota
+from gpusched.services.admission import history, params, problems, quota
 from gpusched.services.admission.auth import Authenticator
 from gpusched.services.admission.capacity import MemoryOf, capacity_warnings
 from gpusched.services.admission.config import OPEN_TENANT, AdmissionConfig
@@ -157,6 +157,7 @@ class AdmissionApi:
         # a HEAD would hold the stream open with nothing to send
         router.add_get("/v1/jobs/{id}/events", self.job_events, allow_head=False)
         router.add_get("/v1/cluster", self.cluster)
+        router.add_get("/v1/history/export", self.history_export)
         router.add_get("/v1/predictor/size-error", self.size_error)
         router.add_get("/healthz", self.health)
         router.add_get("/metrics", self.prometheus)
@@ -726,6 +727,22 @@ class AdmissionApi:
             util_window_s=self.telemetry.window_s,
         )
         return _json_response(ClusterView(nodes=views, totals=totals))
+
+    async def history_export(self, request: web.Request) -> web.Response:
+        """The finished jobs of a window of submission times as a native trace, and the
+        cluster's shape (history.py): the tenant's jobs, or every tenant's for an
+        operator's token."""
+        tenant = request[TENANT]
+        since, until = history.window(request.query)
+        everyone = tenant in self.config.operators
+        # decoded and chosen in one go: no other request changes the mirror meanwhile
+        records = [
+            codec.decode(data, JobRecord)
+            for data in self.jobs.records(None if everyone else [tenant])
+        ]
+        export = history.export(records, self.nodes.nodes(), since, until,
+                                all_tenants=everyone, tenant=tenant)
+        return _json_response(export)
 
     async def size_error(self, request: web.Request) -> web.Response:
         """The predictor's size error figures (every tenant's finished jobs together)."""

@@ -37,6 +37,9 @@ class AdmissionConfig:
     tokens: Mapping[str, str] = field(default_factory=dict)
     #: tenant -> most GPUs its unfinished jobs may hold together; absent = unlimited
     quotas: Mapping[str, int] = field(default_factory=dict)
+    #: tenants whose tokens export every tenant's finished jobs (GET /v1/history/export);
+    #: every other route shows them their own jobs only, like any tenant
+    operators: frozenset[str] = frozenset()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     #: research data for the performance model (which model names are known)
     data_dir: Path | None = None
@@ -69,6 +72,13 @@ class AdmissionConfig:
                     f"quotas: the quota of tenant {tenant!r} must be a whole number of "
                     f"GPUs >= 0, got {gpus!r}"
                 )
+        if isinstance(self.operators, str):
+            raise ValueError("operators: a collection of tenant names, not one string")
+        operators = frozenset(self.operators)
+        for tenant in sorted(operators, key=str):
+            _check_tenant("operators", tenant)
+            if tokens and tenant not in tokens.values():
+                raise ValueError(f"operators: tenant {tenant!r} has no token")
         if isinstance(self.max_body_bytes, bool) or not isinstance(self.max_body_bytes, int):
             raise ValueError(f"max_body_bytes: must be an integer, got {self.max_body_bytes!r}")
         if not 1024 <= self.max_body_bytes <= 64 * 1024 * 1024:
@@ -89,6 +99,7 @@ class AdmissionConfig:
         # copies, so a caller mutating its mapping later cannot change a running service
         object.__setattr__(self, "tokens", tokens)
         object.__setattr__(self, "quotas", quotas)
+        object.__setattr__(self, "operators", operators)
         object.__setattr__(self, "data_dir", data_dir)
 
     @property
@@ -100,17 +111,23 @@ class AdmissionConfig:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AdmissionConfig:
         """Settings from ``NATS_URL``, ``GPUSCHED_HTTP_HOST``, ``GPUSCHED_HTTP_PORT``,
         ``GPUSCHED_TOKENS`` ("tok=tenant,tok2=tenant2"), ``GPUSCHED_TOKENS_FILE`` (YAML or
-        JSON: ``{"tokens": {tok: tenant}, "quotas": {tenant: gpus}}``), ``GPUSCHED_QUOTAS``
-        ("tenant=8,other=16"), ``GPUSCHED_MAX_BODY_BYTES``, ``GPUSCHED_HTTP_KEEPALIVE_S``
-        and ``GPUSCHED_DATA_DIR``."""
+        JSON: ``{"tokens": {tok: tenant}, "quotas": {tenant: gpus}, "operators":
+        [tenant]}``), ``GPUSCHED_QUOTAS`` ("tenant=8,other=16"), ``GPUSCHED_OPERATORS``
+        ("ops,admin"), ``GPUSCHED_MAX_BODY_BYTES``, ``GPUSCHED_HTTP_KEEPALIVE_S`` and
+        ``GPUSCHED_DATA_DIR``."""
         env = os.environ if environ is None else environ
         tokens: dict[str, str] = {}
         quotas: dict[str, int] = {}
+        operators: set[str] = set()
         tokens_file = TOKENS_FILE.read(env)
         if tokens_file is not None:
             file_tokens, file_quotas = read_tokens_file(tokens_file)
             tokens.update(file_tokens)
             quotas.update(file_quotas)
+            operators.update(read_operators(tokens_file))
+        operators.update(
+            name.strip() for name in env.get("GPUSCHED_OPERATORS", "").split(",") if name.strip()
+        )
         for token, tenant in _pairs("GPUSCHED_TOKENS", env.get("GPUSCHED_TOKENS", "")):
             if tokens.get(token, tenant) != tenant:
                 raise ValueError(
@@ -121,7 +138,7 @@ class AdmissionConfig:
         for tenant, raw in _pairs("GPUSCHED_QUOTAS", env.get("GPUSCHED_QUOTAS", "")):
             quotas[tenant] = settings.integer().parse("GPUSCHED_QUOTAS", raw)
         values: dict[str, Any] = {"nats_url": DEFAULT_NATS_URL, **load(ENVIRONMENT, env)}
-        return cls(tokens=tokens, quotas=quotas, **values)
+        return cls(tokens=tokens, quotas=quotas, operators=frozenset(operators), **values)
 
 
 #: field -> the variable ``AdmissionConfig.from_env`` reads it from (tokens and quotas,
@@ -141,25 +158,9 @@ TOKENS_FILE = Setting("GPUSCHED_TOKENS_FILE", settings.path())
 
 def read_tokens_file(path: Path) -> tuple[dict[str, str], dict[str, int]]:
     """``{"tokens": {token: tenant}, "quotas": {tenant: gpus}}`` from a YAML or JSON file
-    (JSON is YAML, so one parser reads both)."""
+    (JSON is YAML, so one parser reads both); its ``operators`` are `read_operators`'."""
+    document = _tokens_document(path)
     where = f"GPUSCHED_TOKENS_FILE {path}"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ValueError(f"{where}: cannot read: {exc.strerror or exc}") from exc
-    try:
-        document: Any = (
-            json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-        )
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ValueError(f"{where}: not valid YAML or JSON: {exc}") from exc
-    if document is None:
-        document = {}
-    if not isinstance(document, dict):
-        raise ValueError(f"{where}: must hold a mapping with 'tokens' and 'quotas'")
-    unknown = set(document) - {"tokens", "quotas"}
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {sorted(map(str, unknown))}")
     raw_tokens = document.get("tokens") or {}
     raw_quotas = document.get("quotas") or {}
     if not isinstance(raw_tokens, dict):
@@ -179,6 +180,37 @@ def read_tokens_file(path: Path) -> tuple[dict[str, str], dict[str, int]]:
             raise ValueError(f"{where}: quotas.{tenant}: must be a whole number of GPUs")
         quotas[tenant] = gpus
     return tokens, quotas
+
+
+def read_operators(path: Path) -> list[str]:
+    """The ``operators`` of a tokens file: tenants whose tokens export every tenant's
+    finished jobs."""
+    raw = _tokens_document(path).get("operators") or []
+    if not isinstance(raw, list) or not all(isinstance(name, str) for name in raw):
+        raise ValueError(f"GPUSCHED_TOKENS_FILE {path}: operators: must list tenant names")
+    return raw
+
+
+def _tokens_document(path: Path) -> dict[Any, Any]:
+    where = f"GPUSCHED_TOKENS_FILE {path}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"{where}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        document: Any = (
+            json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+        )
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ValueError(f"{where}: not valid YAML or JSON: {exc}") from exc
+    if document is None:
+        document = {}
+    if not isinstance(document, dict):
+        raise ValueError(f"{where}: must hold a mapping with 'tokens' and 'quotas'")
+    unknown = set(document) - {"tokens", "quotas", "operators"}
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {sorted(map(str, unknown))}")
+    return document
 
 
 def _pairs(variable: str, raw: str) -> list[tuple[str, str]]:

@@ -14,7 +14,7 @@ from gpusched.libs.common.schemas import (
     JobStateEvent,
     SizeErrorReport,
 )
-from gpusched.services.admission import params
+from gpusched.services.admission import history, params
 from gpusched.services.admission.ids import JOB_ID
 from gpusched.services.admission.problems import PROBLEM_CONTENT_TYPE, Problem
 from gpusched.services.admission.specs import ACCEPTED_TYPES, ARGUMENT_PATTERN, TEXT_PATTERN
@@ -120,7 +120,7 @@ def build_openapi(models: Iterable[str] = (), version: str = "0.1.0") -> dict[st
     """The document; ``models`` become the ``enum`` of a job spec's ``model``."""
     _, components = msgspec.json.schema_components(
         [JobSpec, JobDetail, SubmittedJob, JobList, ClusterView, Problem, Health,
-         JobStateEvent, JobProgressEvent, SizeErrorReport],
+         JobStateEvent, JobProgressEvent, SizeErrorReport, history.HistoryExport],
         ref_template=_REF,
     )
     names = sorted(models)
@@ -327,6 +327,37 @@ def build_openapi(models: Iterable[str] = (), version: str = "0.1.0") -> dict[st
                     },
                 }
             },
+            "/v1/history/export": {
+                "get": {
+                    "summary": "Finished jobs of a window as a native trace, and the cluster",
+                    "description": (
+                        "The jobs submitted in [`since`, `until`) that have finished "
+                        "(SUCCEEDED, FAILED, CANCELLED) after running at least one "
+                        "iteration, as native trace records ordered by submission, with "
+                        "the iterations they really ran; beside them the shape of the "
+                        "nodes registered now. A tenant's token exports its own jobs, an "
+                        "operator's (GPUSCHED_OPERATORS) every tenant's"
+                    ),
+                    "operationId": "historyExport",
+                    "parameters": [_time_parameter(name, when) for name, when in (
+                        ("since", "submitted at or after this time (default: the first job)"),
+                        ("until", "submitted before this time (default: now)"),
+                    )],
+                    "responses": {
+                        "200": _json("The trace and the cluster", _ref("HistoryExport")),
+                        "400": _problem("An unknown query parameter; `field` names it"),
+                        "401": _UNAUTHORIZED,
+                        "404": _problem(
+                            "No finished job in the window (no-finished-jobs); the detail "
+                            "counts the jobs left out"
+                        ),
+                        "422": _problem(
+                            "`since` or `until` is not a time, or `since` is not before "
+                            "`until`; `field` names it"
+                        ),
+                    },
+                }
+            },
             "/v1/predictor/size-error": {
                 "get": {
                     "summary": "How far the predicted job sizes were from the truth",
@@ -396,6 +427,21 @@ def build_openapi(models: Iterable[str] = (), version: str = "0.1.0") -> dict[st
             },
         },
         "x-job-states": [state.value for state in JobState],
+    }
+
+
+def _time_parameter(name: str, when: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "description": (
+            f"Jobs {when}: unix seconds, or an ISO 8601 date or time (no zone: UTC)"
+        ),
+        "schema": {
+            "type": "string",
+            "pattern": history.TIME_PATTERN,
+            "examples": ["1767225600", "2026-01-01", "2026-01-01T09:30:00+01:00"],
+        },
     }
 
 

@@ -177,6 +177,16 @@ class JobIndex:
             if data is not None:
                 yield data
 
+    def records(self, tenants: Collection[str] | None = None) -> Iterator[bytes]:
+        """The stored records of ``tenants``' jobs (None: every tenant's), as
+        MessagePack bytes, tenant by tenant in id order."""
+        chosen = sorted(self._ids_by_tenant) if tenants is None else sorted(tenants)
+        for tenant in chosen:
+            for job_id in self._ids_by_tenant.get(tenant, []):
+                data = self._entries[job_id][1]
+                if data is not None:
+                    yield data
+
     def placed(self) -> Iterable[tuple[str, list[Placement]]]:
         """(job id, placement) of every unfinished job placed on GPUs."""
         return self._placed.items()

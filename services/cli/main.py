@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpusched.libs.core.cluster import DEFAULT_CPUS_PER_GPU, DEFAULT_HOST_MEM_GB_PER_GPU
+from gpusched.services.cli.history import register as register_history_commands
 from gpusched.services.cli.live import register as register_live_commands
 from gpusched.services.cli.models import register as register_models_command
 from gpusched.services.cli.profile import register as register_profile_command
@@ -113,8 +114,9 @@ def simulate(
     cluster: Annotated[
         str | None,
         typer.Option(
-            help=f"NODESxGPUS (default {DEFAULT_CLUSTER}), or 'alibaba' for the Alibaba "
-            "node list in --data-dir."
+            help=f"NODESxGPUS (default {DEFAULT_CLUSTER}), 'alibaba' for the Alibaba "
+            "node list in --data-dir, or a cluster file (.json, as `gpusched history "
+            "export` writes beside its trace)."
         ),
     ] = None,
     nodes_file: Annotated[
@@ -244,7 +246,6 @@ def simulate(
     from gpusched.libs.core.workload import with_deadlines
     from gpusched.services.scheduler.runner import (
         Interrupted,
-        build_cluster,
         build_models,
         check_policies,
         check_round_s,
@@ -267,7 +268,7 @@ def simulate(
 
         check_predictor(predictor)
         _check_out(out)
-        built = build_cluster(cluster_spec, data_dir, cpus_per_node, mem_gb_per_node)
+        built = _build_cluster(cluster_spec, data_dir, cpus_per_node, mem_gb_per_node)
         if opt_bound:
             _check_opt_bound(built)
         truth, estimates = build_models(
@@ -496,6 +497,26 @@ def _cluster_spec(cluster: str | None, nodes_file: Path | None) -> str:
     return cluster or DEFAULT_CLUSTER
 
 
+def _build_cluster(
+    spec: str, data_dir: Path | None, cpus_per_node: int | None, mem_gb_per_node: float | None
+) -> Cluster:
+    """The runner's cluster of ``spec``, or the cluster file (.json) it names."""
+    from gpusched.services.scheduler.runner import build_cluster, check_host_resources
+
+    if not spec.strip().lower().endswith(".json"):
+        return build_cluster(spec, data_dir, cpus_per_node, mem_gb_per_node)
+    from gpusched.libs.core.cluster_file import ClusterFileError, load_cluster_file
+
+    check_host_resources(cpus_per_node, mem_gb_per_node)
+    try:
+        cluster = load_cluster_file(spec.strip())
+    except ClusterFileError as exc:
+        raise UsageError(f"--cluster: {exc}") from None
+    if cpus_per_node is None and mem_gb_per_node is None:
+        return cluster
+    return cluster.with_host_resources(cpus_per_node, mem_gb_per_node)
+
+
 def _check_out(out: Path) -> None:
     # before any run: an unusable folder would otherwise be found only after all of them
     from gpusched.services.scheduler.report import output_problem
@@ -671,6 +692,7 @@ def _fail(console: Console, message: str, code: int = USAGE_EXIT) -> NoReturn:
 
 
 register_live_commands(app)
+register_history_commands(app)
 register_models_command(app)
 register_service_commands(app)
 register_profile_command(app)

@@ -38,6 +38,8 @@ from gpusched.libs.core.traces.native import (
     NATIVE_FIELDS,
     NATIVE_JSONL_SUFFIXES,
     load_native,
+    native_job,
+    native_record,
     write_native,
 )
 from gpusched.libs.core.traces.philly import load_philly
@@ -95,5 +97,7 @@ __all__ = [
     "TraceJob",
     "load_alibaba_nodes",
     "load_trace",
+    "native_job",
+    "native_record",
     "write_native",
 ]

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TextIO
 
-from gpusched.libs.core.traces.job import TraceError, TraceJob
+from gpusched.libs.core.traces.job import TraceError, TraceJob, batch_bounds_problem
 from gpusched.libs.core.traces.rows import (
     BadField,
     Collected,
@@ -42,6 +42,10 @@ NATIVE_FIELDS = (
     "priority",
     "tensor_parallel",
     "pipeline_parallel",
+    "min_batch_size",
+    "max_batch_size",
+    "measured_iteration_s",
+    "measured_gpu_model",
 )
 NATIVE_CSV_SUFFIXES = (".csv",)
 NATIVE_JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -109,6 +113,21 @@ def _parse_jsonl(handle: TextIO) -> Iterator[Row]:
             yield line, value
 
 
+def native_job(row: Mapping[str, object], line: int = 0) -> TraceJob:
+    """One job from a native record (a JSON-lines object, or a CSV row as a mapping),
+    checked as the reader checks a row; a bad or unknown field raises `TraceError`
+    naming it. ``line`` says where the record came from, for messages."""
+    unknown = set(row) - set(NATIVE_FIELDS)
+    try:
+        if unknown:
+            raise BadField(min(unknown), f"unknown key(s) {names(unknown)}")
+        return _native_row(line, row)
+    except BadField as bad:
+        where = f"record {line}: " if line else ""
+        field = f"field {bad.field_name!r}: " if bad.field_name else ""
+        raise TraceError(f"{where}{field}{bad.message}") from None
+
+
 def _native_row(line: int, row: Mapping[str, object]) -> TraceJob:
     # CSV gives empty strings and JSON gives null for an absent optional field
     row = {k: v for k, v in row.items() if not absent(v)}
@@ -121,12 +140,17 @@ def _native_row(line: int, row: Mapping[str, object]) -> TraceJob:
         raise BadField("duration_s", f"give exactly one of duration_s and iterations; {both} set")
     submit = seconds_field(row, "submit_time", positive=False)
     relative_deadline = seconds_field(row, "deadline", positive=True) if "deadline" in row else None
+    batch = int_field(row, "batch_size") if "batch_size" in row else None
+    low, high = (int_field(row, name) if name in row else None for name in _BOUNDS)
+    problem = batch_bounds_problem(batch, low, high)
+    if problem:
+        raise BadField(*problem)
     return TraceJob(
         job_id=job_id(row, "job_id") if "job_id" in row else f"job-{line}",
         submit_time=submit,
         gpus=int_field(row, "gpus"),
         model=_text(row, "model") if "model" in row else None,
-        batch_size=int_field(row, "batch_size") if "batch_size" in row else None,
+        batch_size=batch,
         duration_s=seconds_field(row, "duration_s", positive=True) if has_duration else None,
         iterations=int_field(row, "iterations") if has_iterations else None,
         allow_sharing=_bool(row, "allow_sharing") if "allow_sharing" in row else True,
@@ -144,7 +168,19 @@ def _native_row(line: int, row: Mapping[str, object]) -> TraceJob:
         priority=(
             int_field(row, "priority", minimum=-1000, maximum=1000) if "priority" in row else 0
         ),
+        min_batch_size=low,
+        max_batch_size=high,
+        measured_iteration_s=(
+            seconds_field(row, "measured_iteration_s", positive=True)
+            if "measured_iteration_s" in row else None
+        ),
+        measured_gpu_model=(
+            _text(row, "measured_gpu_model") if "measured_gpu_model" in row else None
+        ),
     )
+
+
+_BOUNDS = ("min_batch_size", "max_batch_size")
 
 
 def _degrees(row: Mapping[str, object]) -> dict[str, int]:
@@ -188,7 +224,7 @@ def write_native(path: str | Path, jobs: Iterable[TraceJob]) -> None:
     """
     target = Path(path)
     suffix = target.suffix.lower()
-    records = [_native_record(j) for j in jobs]
+    records = [native_record(j) for j in jobs]
     if suffix in NATIVE_CSV_SUFFIXES:
         with target.open("w", newline="", encoding="utf-8") as out:
             writer = csv.DictWriter(out, NATIVE_FIELDS)
@@ -204,7 +240,8 @@ def write_native(path: str | Path, jobs: Iterable[TraceJob]) -> None:
         raise ValueError(f"{target}: a native trace file ends in one of {valid}")
 
 
-def _native_record(job: TraceJob) -> dict[str, object]:
+def native_record(job: TraceJob) -> dict[str, object]:
+    """``job`` as a native record: every field of `NATIVE_FIELDS`, None where absent."""
     return {
         "job_id": job.job_id,
         "submit_time": job.submit_time,
@@ -221,6 +258,10 @@ def _native_record(job: TraceJob) -> dict[str, object]:
         "priority": job.priority or None,
         "tensor_parallel": None if job.tensor_parallel == 1 else job.tensor_parallel,
         "pipeline_parallel": None if job.pipeline_parallel == 1 else job.pipeline_parallel,
+        "min_batch_size": job.min_batch_size,
+        "max_batch_size": job.max_batch_size,
+        "measured_iteration_s": job.measured_iteration_s,
+        "measured_gpu_model": job.measured_gpu_model or None,
     }
 
 

@@ -131,6 +131,10 @@ def _shifted(j: TraceJob, t0: float) -> TraceJob:
         j.priority,
         j.tensor_parallel,
         j.pipeline_parallel,
+        j.min_batch_size,
+        j.max_batch_size,
+        j.measured_iteration_s,
+        j.measured_gpu_model,
     )
 
 

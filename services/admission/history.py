@@ -1,0 +1,337 @@
+"""``GET /v1/history/export``: a tenant's finished jobs (an operator's: every tenant's)
+of a window of submission times, as a native trace the simulator replays, with the
+cluster's shape beside it (docs/http-api.md, docs/trace-format.md "Exported history").
+
+A job is exported when it has finished (SUCCEEDED, FAILED or CANCELLED: a job still
+queued or running has no final size yet); its iterations are those it really ran, so a
+cancelled or failed job replays the work it did, and one that reported none is left
+out. What is left out is counted, by reason."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+
+import msgspec
+from multidict import MultiMapping
+
+from gpusched.libs.common.schemas import JobRecord, JobState, NodeInfo
+from gpusched.libs.core.cluster import Cluster, Node
+from gpusched.libs.core.cluster_file import cluster_document
+from gpusched.libs.core.traces import TraceJob, native_record
+from gpusched.services.admission.problems import ProblemError
+
+#: the states a job ends in, all exported
+EXPORTED_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+PARAMETERS = ("since", "until")
+#: a time: unix seconds (``1767225600``, ``1767225600.5``), or an ISO 8601 date or date
+#: and time with an optional zone (``2026-01-01``, ``2026-01-01T09:30``,
+#: ``2026-01-01 09:30:00.25+01:00``, ``...Z``); a time without a zone is UTC
+UNIX_SECONDS_PATTERN = r"[0-9]{1,11}(?:\.[0-9]{1,9})?"
+ISO_8601_PATTERN = (
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
+    r"(?:[T ][0-9]{2}:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]{1,6})?)?(?:Z|[+-][0-9]{2}:[0-9]{2})?)?"
+)
+TIME_PATTERN = f"^(?:{UNIX_SECONDS_PATTERN}|{ISO_8601_PATTERN})$"
+#: why a finished job is not in the trace
+NEVER_RAN = "failed or cancelled before reporting an iteration"
+UNFINISHED = "not finished yet (queued, running or preempted)"
+
+_time = re.compile(TIME_PATTERN)
+_unix = re.compile(UNIX_SECONDS_PATTERN)
+
+
+class TraceRow(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One job as a native trace record (the keys of the JSON-lines form); an absent
+    optional field is left out."""
+
+    job_id: str
+    #: seconds after the first exported job's submission
+    submit_time: float
+    gpus: int
+    model: str
+    batch_size: int
+    #: the iterations the job really ran
+    iterations: int
+    allow_sharing: bool = True
+    #: seconds after its submission
+    deadline: float | None = None
+    #: the tenant
+    user: str | None = None
+    cpus_per_gpu: float | None = None
+    mem_gb_per_gpu: float | None = None
+    priority: int | None = None
+    tensor_parallel: int | None = None
+    pipeline_parallel: int | None = None
+    min_batch_size: int | None = None
+    max_batch_size: int | None = None
+    #: seconds per iteration the job's last run reported, at ``batch_size`` and ``gpus``
+    measured_iteration_s: float | None = None
+    #: the GPU model of the node that reported it (null: the record no longer says)
+    measured_gpu_model: str | None = None
+
+
+class NodeShape(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    gpus: int
+    #: its GPUs' model (the most common one on a node of mixed GPUs)
+    gpu_model: str
+    #: the smallest memory of its GPUs
+    gpu_mem_mb: int
+    cpus: int
+    host_mem_gb: float
+    net_gbps: float
+
+
+class ClusterShape(msgspec.Struct, frozen=True, kw_only=True):
+    """The nodes with GPUs registered at the export (a cluster file's content)."""
+
+    nodes: list[NodeShape]
+
+
+class HistoryExport(msgspec.Struct, frozen=True, kw_only=True):
+    """Finished jobs of a window as a native trace, and the cluster's shape."""
+
+    #: the window asked for, seconds since the epoch (null: unbounded): jobs submitted
+    #: at or after ``since`` and before ``until``
+    since: float | None
+    until: float | None
+    #: when the first and the last exported job were submitted (seconds since the
+    #: epoch); the trace's clock starts at ``first_submitted_at``
+    first_submitted_at: float
+    last_submitted_at: float
+    #: whether the caller's token sees every tenant's jobs (an operator's), or its own
+    all_tenants: bool
+    #: the tenants whose jobs the trace holds
+    tenants: list[str]
+    #: exported jobs by final state
+    states: dict[str, int]
+    #: jobs submitted in the window that the trace does not hold, by reason
+    left_out: dict[str, int]
+    #: the trace, ordered by submission
+    jobs: list[TraceRow]
+    cluster: ClusterShape
+    #: ``--cluster`` for ``gpusched simulate`` when every node has as many GPUs
+    #: (``NODESxGPUS``); null otherwise or without nodes
+    cluster_spec: str | None = None
+    #: what a reader of the trace should know, in words
+    notes: list[str] = []
+
+
+def window(query: MultiMapping[str]) -> tuple[float | None, float | None]:
+    """``since`` and ``until`` from the query, in seconds since the epoch; 400 for any
+    other parameter, 422 naming the field for a malformed time or since not before
+    until."""
+    for name in query:
+        if name not in PARAMETERS:
+            raise ProblemError(
+                400, "invalid-parameter",
+                f"{name}: unknown query parameter; known: {', '.join(PARAMETERS)}",
+                field=name,
+            )
+    since, until = (_instant(name, query.getall(name, [])) for name in PARAMETERS)
+    if since is not None and until is not None and since >= until:
+        raise ProblemError(
+            422, "invalid-parameter",
+            f"since: {query['since']} ({_iso(since)}) is not before until {query['until']} "
+            f"({_iso(until)})",
+            field="since",
+        )
+    return since, until
+
+
+def _instant(name: str, values: list[str]) -> float | None:
+    if not values:
+        return None
+    if len(values) > 1:
+        raise ProblemError(422, "invalid-parameter", f"{name}: given {len(values)} times",
+                           field=name)
+    raw = values[0]
+    problem = None
+    if _time.fullmatch(raw) is None:
+        problem = "expected unix seconds or an ISO 8601 date or time"
+    elif _unix.fullmatch(raw):
+        return float(raw)
+    else:
+        try:
+            at = datetime.fromisoformat(raw)
+            return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
+        except (ValueError, OverflowError) as exc:
+            problem = f"not a valid time ({exc})"
+    raise ProblemError(
+        422, "invalid-parameter",
+        f"{name}: {raw!r}: {problem}, e.g. 1767225600 or 2026-01-01T09:30:00Z (no zone: UTC)",
+        field=name,
+    )
+
+
+def _iso(at: float) -> str:
+    try:
+        return datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
+    except (ValueError, OverflowError, OSError):
+        return f"{at:g} s"
+
+
+def export(
+    records: Iterable[JobRecord],
+    nodes: Iterable[NodeInfo],
+    since: float | None,
+    until: float | None,
+    *,
+    all_tenants: bool,
+    tenant: str,
+) -> HistoryExport:
+    """The export of ``records`` (a tenant's, or every tenant's) in the window; 404
+    when it holds no finished job."""
+    registered = {node.name: node for node in nodes}
+    chosen: list[JobRecord] = []
+    left_out: Counter[str] = Counter()
+    for record in records:
+        if (since is not None and record.submitted_at < since) or (
+            until is not None and record.submitted_at >= until
+        ):
+            continue
+        if not record.state.terminal:
+            left_out[UNFINISHED] += 1
+        elif _iterations(record) < 1:
+            left_out[NEVER_RAN] += 1
+        else:
+            chosen.append(record)
+    if not chosen:
+        raise _nothing_to_export(since, until, left_out, all_tenants, tenant)
+    chosen.sort(key=lambda r: (r.submitted_at, r.id))
+    start = chosen[0].submitted_at
+    jobs = [_row(_trace_job(record, start, registered)) for record in chosen]
+    shape, spec, notes = _cluster(registered.values())
+    unmeasured = sum(job.measured_iteration_s is None for job in jobs)
+    if unmeasured:
+        notes.append(
+            f"{unmeasured} of {len(jobs)} jobs have no measured_iteration_s: they finished "
+            "before their node reported a speed, or a resize changed their shape"
+        )
+    return HistoryExport(
+        since=since,
+        until=until,
+        first_submitted_at=start,
+        last_submitted_at=chosen[-1].submitted_at,
+        all_tenants=all_tenants,
+        tenants=sorted({record.tenant for record in chosen}),
+        states=dict(sorted(Counter(record.state.value for record in chosen).items())),
+        left_out=dict(sorted(left_out.items())),
+        jobs=jobs,
+        cluster=shape,
+        cluster_spec=spec,
+        notes=notes,
+    )
+
+
+def _iterations(record: JobRecord) -> int:
+    """The iterations the job ran: its last reported progress, else, for a job that
+    succeeded without reporting any (a command without the SDK), its total (as the
+    predictor's size error counts it)."""
+    if record.progress.iteration > 0 or record.state is not JobState.SUCCEEDED:
+        return record.progress.iteration
+    return record.total_iterations
+
+
+def _trace_job(record: JobRecord, start: float, nodes: Mapping[str, NodeInfo]) -> TraceJob:
+    spec = record.spec
+    submit = record.submitted_at - start
+    deadline = None
+    if spec.deadline is not None and spec.deadline > record.submitted_at:
+        deadline = submit + (spec.deadline - record.submitted_at)
+    iteration_s, gpu_model = _measured(record, nodes)
+    return TraceJob(
+        job_id=record.id,
+        submit_time=submit,
+        gpus=spec.gpus,
+        model=spec.model,
+        batch_size=spec.batch_size,
+        iterations=_iterations(record),
+        allow_sharing=spec.allow_sharing,
+        deadline=deadline,
+        user=record.tenant,
+        cpus_per_gpu=spec.cpus_per_gpu,
+        mem_gb_per_gpu=spec.mem_gb_per_gpu,
+        priority=spec.priority,
+        tensor_parallel=spec.tensor_parallel,
+        pipeline_parallel=spec.pipeline_parallel,
+        min_batch_size=spec.min_batch_size,
+        max_batch_size=spec.max_batch_size,
+        measured_iteration_s=iteration_s,
+        measured_gpu_model=gpu_model,
+    )
+
+
+def _measured(
+    record: JobRecord, nodes: Mapping[str, NodeInfo]
+) -> tuple[float | None, str | None]:
+    """Seconds per iteration of the job's last reported speed, when it ran in the shape
+    it was submitted in (a resize changes the iteration); the GPU model of the node it
+    ran on, where the record still names it and the node is registered."""
+    rate = record.progress.samples_per_s
+    spec = record.spec
+    if (record.batch_size or spec.batch_size) != spec.batch_size or (
+        record.gpus or spec.gpus
+    ) != spec.gpus or not (rate > 0 and math.isfinite(rate)):
+        return None, None
+    model = None
+    if record.placement:
+        first = record.placement[0]
+        node = nodes.get(first.node)
+        if node is not None:
+            models = Counter(gpu.model for gpu in node.gpus if gpu.index in first.gpus)
+            model = models.most_common(1)[0][0] if models else None
+    # six significant digits: a reported rate is no more precise than that
+    return float(f"{spec.batch_size / rate:.6g}"), model
+
+
+def _row(job: TraceJob) -> TraceRow:
+    fields = {name: value for name, value in native_record(job).items() if value is not None}
+    return msgspec.convert(fields, TraceRow)
+
+
+def _cluster(nodes: Iterable[NodeInfo]) -> tuple[ClusterShape, str | None, list[str]]:
+    shaped = [_node(info) for info in sorted(nodes, key=lambda n: n.name) if info.gpus]
+    notes = []
+    if not shaped:
+        notes.append(
+            "no node with GPUs is registered now, so the cluster is empty: simulate with "
+            "--cluster NODESxGPUS"
+        )
+        return ClusterShape(nodes=[]), None, notes
+    document = cluster_document(Cluster(tuple(shaped)))
+    sizes = {node.gpus for node in shaped}
+    spec = f"{len(shaped)}x{sizes.pop()}" if len(sizes) == 1 else None
+    notes.append("the cluster is the nodes registered now, not those of the window")
+    return msgspec.convert(document, ClusterShape), spec, notes
+
+
+def _node(info: NodeInfo) -> Node:
+    models = Counter(gpu.model for gpu in info.gpus)
+    return Node(
+        name=info.name,
+        gpus=len(info.gpus),
+        gpu_mem_mb=max(1, min(gpu.memory_mb for gpu in info.gpus)),
+        cpus=info.cpus,
+        host_mem_gb=info.host_mem_gb,
+        net_gbps=info.net_gbps,
+        gpu_model=models.most_common(1)[0][0] or "unknown",
+    )
+
+
+def _nothing_to_export(
+    since: float | None, until: float | None, left_out: Counter[str], all_tenants: bool,
+    tenant: str,
+) -> ProblemError:
+    bounds = [f"{name} {_iso(at)}" for name, at in (("since", since), ("until", until))
+              if at is not None]
+    where = f"in the window ({', '.join(bounds)})" if bounds else "so far"
+    who = "no finished job was" if all_tenants else f"tenant {tenant} has no finished job"
+    detail = f"no job to export: {who} submitted {where}"
+    if left_out:
+        detail += "; left out: " + "; ".join(f"{n} {why}" for why, n in sorted(left_out.items()))
+    return ProblemError(404, "no-finished-jobs", detail)
