@@ -33,8 +33,6 @@ def build_snapshot(pending: int, nodes: int, seed: int = 7, age: float = 0.0) ->
     perf = load_performance_model(None)
     models = perf.models()
     cluster = Cluster.uniform(nodes, 8)
-    load = [0] * cluster.total_gpus
-    mem = [0.0] * cluster.total_gpus
     running: list[JobView] = []
     # fill the first half of every node so that half of all GPUs are busy
     for node in range(nodes):
@@ -44,10 +42,6 @@ def build_snapshot(pending: int, nodes: int, seed: int = 7, age: float = 0.0) ->
             held, gpus = tuple(gpus[:size]), gpus[size:]
             model = rng.choice(models)
             batch = perf.default_batch_size(model) * size
-            per_gpu = perf.gpu_memory_mb(model, batch / size)
-            for g in held:
-                load[g] = 1
-                mem[g] = per_gpu
             running.append(
                 JobView(
                     job_id=f"r{len(running)}",
@@ -76,17 +70,7 @@ def build_snapshot(pending: int, nodes: int, seed: int = 7, age: float = 0.0) ->
                 queued_since=float(i),
             )
         )
-    node_free = tuple(sum(1 for g in cluster.node_gpus(n) if load[g] == 0) for n in range(nodes))
-    return Snapshot(
-        now=age,
-        cluster=cluster,
-        pending=tuple(queue),
-        running=tuple(running),
-        gpu_load=tuple(load),
-        gpu_mem_used=tuple(mem),
-        node_free=node_free,
-        estimates=perf,
-    )
+    return Snapshot.of_jobs(age, cluster, tuple(queue), tuple(running), perf)
 
 
 def main() -> None:

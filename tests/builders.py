@@ -178,21 +178,4 @@ def snapshot(
     running_jobs: list[JobView] = (),
     now: float = 0.0,
 ) -> Snapshot:  # type: ignore[assignment]
-    load = [0] * cl.total_gpus
-    mem = [0.0] * cl.total_gpus
-    for r in running_jobs:
-        per_gpu = perf.gpu_memory_mb(r.model, r.batch_size / (r.gpus * r.accum_steps))
-        for g in r.gpu_ids:
-            load[g] += 1
-            mem[g] += per_gpu
-    node_free = [sum(1 for g in cl.node_gpus(i) if load[g] == 0) for i in range(len(cl.nodes))]
-    return Snapshot(
-        now=now,
-        cluster=cl,
-        pending=tuple(pending_jobs),
-        running=tuple(running_jobs),
-        gpu_load=tuple(load),
-        gpu_mem_used=tuple(mem),
-        node_free=tuple(node_free),
-        estimates=perf,
-    )
+    return Snapshot.of_jobs(now, cl, tuple(pending_jobs), tuple(running_jobs), perf)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpusched.libs.core.cluster import Cluster
+from gpusched.libs.core.cluster import Cluster, HostUse
 from gpusched.libs.core.lifecycle import JobState
 from gpusched.libs.core.perf import PerformanceModel
 
@@ -139,6 +139,73 @@ class Snapshot:
         return self._by_id[job_id]
 
     @classmethod
+    def of_jobs(
+        cls,
+        now: float,
+        cluster: Cluster,
+        pending: tuple[JobView, ...],
+        running: tuple[JobView, ...],
+        estimates: PerformanceModel,
+        *,
+        memory: PerformanceModel | None = None,
+        max_jobs_per_gpu: int = 2,
+        queue_order: str = "arrival",
+        prioritized: bool | None = None,
+        orders: Mapping[str, tuple[JobView, ...]] | None = None,
+        index: Mapping[str, JobView] | None = None,
+    ) -> Snapshot:
+        """The snapshot of these jobs, with every field that follows from them derived
+        from the running ones: ``gpu_load`` (jobs resident on each GPU), ``gpu_mem_used``
+        (each resident's memory at its per-GPU sub-batch, as ``memory`` sizes jobs:
+        default ``estimates``, and the model ``decision_problems`` must then be given),
+        ``node_free`` (GPUs without a resident), ``node_cpus_used`` and ``node_mem_used``
+        (their allocations, or the GPU-proportional share; see ``HostUse``) and
+        ``own_allocations``. ``prioritized``: whether some job has a priority other than
+        0, where the driver knows of more jobs than these (None: these jobs say).
+
+        A driver may keep these fields up to date job by job instead (the simulator
+        does, for speed); they must equal what this derives."""
+        total = cluster.total_gpus
+        load = [0] * total
+        used = [0.0] * total
+        sizes = memory if memory is not None else estimates
+        own = False
+        for view in running:
+            mem = sizes.gpu_memory_mb(
+                view.model, view.batch_size / (view.gpus * max(1, view.accum_steps))
+            )
+            for gpu in view.gpu_ids:
+                load[gpu] += 1
+                used[gpu] += mem
+            own = own or view.cpus is not None or view.mem_gb is not None
+        node_free = [0] * len(cluster.nodes)
+        gpu_node = cluster.gpu_node
+        for gpu, residents in enumerate(load):
+            if residents == 0:
+                node_free[gpu_node[gpu]] += 1
+        host = HostUse.of_jobs(cluster, ((v.gpu_ids, v.cpus, v.mem_gb) for v in running))
+        if prioritized is None:
+            prioritized = any(v.priority for v in pending) or any(v.priority for v in running)
+        return cls(
+            now=now,
+            cluster=cluster,
+            pending=pending,
+            running=running,
+            gpu_load=tuple(load),
+            gpu_mem_used=tuple(used),
+            node_free=tuple(node_free),
+            estimates=estimates,
+            max_jobs_per_gpu=max_jobs_per_gpu,
+            queue_order=queue_order,
+            node_cpus_used=host.all_cpus(),
+            node_mem_used=host.all_mem(),
+            own_allocations=own,
+            prioritized=prioritized,
+            orders=orders if orders is not None else {},
+            index=index,
+        )
+
+    @classmethod
     def of_idle_cluster(
         cls,
         cluster: Cluster,
@@ -146,16 +213,7 @@ class Snapshot:
         pending: tuple[JobView, ...] = (),
         now: float = 0.0,
     ) -> Snapshot:
-        return cls(
-            now=now,
-            cluster=cluster,
-            pending=pending,
-            running=(),
-            gpu_load=(0,) * cluster.total_gpus,
-            gpu_mem_used=(0.0,) * cluster.total_gpus,
-            node_free=tuple(n.gpus for n in cluster.nodes),
-            estimates=estimates,
-        )
+        return cls.of_jobs(now, cluster, pending, (), estimates)
 
 
 class ModelBasis:

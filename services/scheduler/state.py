@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from gpusched.libs.common.cpu_sensitivity import Sensitivity
 from gpusched.libs.common.schemas import SOURCE_FOREST, JobRecord, NodeInfo, Placement, Progress
-from gpusched.libs.core.cluster import Allocation, Cluster, HostUse, Node
+from gpusched.libs.core.cluster import Cluster, Node
 from gpusched.libs.core.job_state import Run, job_view
 from gpusched.libs.core.job_state import remaining_iterations as core_remaining_iterations
 from gpusched.libs.core.perf import CpuMemDemand, DelegatingModel, PerformanceModel
@@ -345,12 +345,12 @@ def build_snapshot(
     estimates: PerformanceModel,
     policy: Policy,
 ) -> Snapshot:
-    cluster = layout.cluster
-    load = [0] * cluster.total_gpus
-    memory = [0.0] * cluster.total_gpus
+    """The snapshot of the jobs offered to the policy: those holding GPUs on live nodes,
+    and those waiting (past any retry backoff) in the policy's queue order. Its per-GPU
+    and per-node fields are derived by ``Snapshot.of_jobs``; ``prioritized`` looks at
+    every job kept, offered or not."""
     running: list[JobView] = []
     pending: list[JobView] = []
-    allocations: list[Allocation] = []
     prioritized = False
     for job in jobs.values():
         record = job.record
@@ -359,12 +359,7 @@ def build_snapshot(
             gpu_ids = layout.global_ids(record.placement)
             if gpu_ids is None:
                 continue  # its node is gone; the node sweep requeues it
-            mem = job_memory_mb(job, estimates)
-            for gpu in gpu_ids:
-                load[gpu] += 1
-                memory[gpu] += mem
             running.append(running_view(job, now, gpu_ids))
-            allocations.append((gpu_ids, record.cpus, record.mem_gb))
         elif job.not_before <= now and not record.state.terminal:
             pending.append(waiting_view(job, now))
     sort = policy.queue_sort
@@ -372,25 +367,14 @@ def build_snapshot(
         pending.sort(key=sort.key)
     else:
         pending.sort(key=lambda v: (v.queued_since, v.job_id))
-    node_free = [0] * len(cluster.nodes)
-    for gpu, jobs_on_gpu in enumerate(load):
-        if jobs_on_gpu == 0:
-            node_free[cluster.gpu_node[gpu]] += 1
-    host = HostUse.of_jobs(cluster, allocations)
-    return Snapshot(
-        now=now,
-        cluster=cluster,
-        pending=tuple(pending),
-        running=tuple(running),
-        gpu_load=tuple(load),
-        gpu_mem_used=tuple(memory),
-        node_free=tuple(node_free),
-        node_cpus_used=host.all_cpus(),
-        node_mem_used=host.all_mem(),
-        estimates=estimates,
+    return Snapshot.of_jobs(
+        now,
+        layout.cluster,
+        tuple(pending),
+        tuple(running),
+        estimates,
         queue_order=sort.name if sort is not None else "arrival",
         prioritized=prioritized,
-        own_allocations=any(cpus is not None or mem is not None for _, cpus, mem in allocations),
     )
 
 
