@@ -21,14 +21,15 @@ from gpusched.libs.core.snapshot import JobView
     predicted=st.floats(1.0, 1e8),
     done_share=st.floats(0.0, 2.0),
 )
-def test_without_a_stop_the_rule_is_the_simulators_submission_sizes(
+def test_without_a_stop_the_rule_is_what_is_left_of_the_submission_size_with_a_floor(
     predicted: float, done_share: float
 ):
     done = predicted * done_share
     sizes = SubmissionSizes("declared")
-    sizes.at_submission(JobSpec("j", 0.0, "a", 1, 32, 1e9, declared_iterations=predicted))
-    left = remaining_iterations(predicted, done)
-    assert left == sizes.remaining("j", done)
+    believed = sizes.at_submission(
+        JobSpec("j", 0.0, "a", 1, 32, 1e9, declared_iterations=predicted)
+    )
+    left = remaining_iterations(believed, done)
     assert left >= OVERRUN_SHARE * predicted
     assert left == max(predicted - done, OVERRUN_SHARE * predicted)
 

@@ -258,8 +258,8 @@ class SubmissionSizes:
     """The sizes a simulated scheduler believes, as a live one with ``predictor``
     would: ``declared`` (the user's figure, the truth where there is none) or ``rf``
     (the forest, trained on the jobs completed so far in the run). A job's size is fixed
-    at its submission; what it has left is that size less what it has done (at least
-    `OVERRUN_SHARE` of the size)."""
+    at its submission; what it has left follows from it by
+    ``libs/core/job_state.py``'s ``remaining_iterations``."""
 
     def __init__(self, predictor: str, config: ForestConfig | None = None) -> None:
         if predictor not in PREDICTORS or predictor == "truth":
@@ -278,10 +278,6 @@ class SubmissionSizes:
         self._predicted[spec.job_id] = guess.iterations
         self.errors.add(spec.job_id, guess.iterations, spec.iterations, guess.source)
         return guess.iterations
-
-    def remaining(self, job_id: str, done: float) -> float:
-        predicted = self._predicted[job_id]
-        return max(predicted - done, OVERRUN_SHARE * predicted)
 
     def completed(self, spec: JobSpec) -> None:
         if self.forest is not None:
