@@ -21,7 +21,7 @@ from gpusched.libs.common.embedded import NatsServer
 from gpusched.libs.common.schemas import JobRecord, JobState, StateChange
 from gpusched.services.nodeagent.cluster import EmulatedCluster
 from gpusched.services.scheduler import live
-from gpusched.services.scheduler.live import SchedulerService
+from gpusched.services.scheduler.live import SchedulerService, timing
 from tests.live import fast_scheduler, spec, store_job, wait_state
 
 #: a job of 200 iterations at time scale 0.01 runs well under a second; a start that is
@@ -129,7 +129,7 @@ async def test_a_submission_whose_record_could_not_be_read_is_taken_when_its_eve
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # no rescan would find it: the event, handed back, is the only way to the job
-    monkeypatch.setattr(live, "RESCAN_S", 24 * 3600.0)
+    monkeypatch.setattr(timing, "RESCAN_S", 24 * 3600.0)
     job_id = "unread"
     fault = FailOnce(cluster.scheduler_stores.jobs, "get", lambda key, **_: key == job_id)
     await store_job(cluster.stores, spec(iterations=200), job_id=job_id)
@@ -149,8 +149,8 @@ async def test_a_job_entered_again_while_a_rescan_drops_its_stale_entry_is_adopt
     # retry enters the job again and stores its record, and the retry's event is dropped
     # by the stream as a duplicate of the first attempt's. The index entry is all that
     # leads to the job: the rescan may drop only the entry it read.
-    monkeypatch.setattr(live, "RESCAN_S", 1.0)
-    monkeypatch.setattr(live, "ORPHAN_INDEX_S", 0.0)
+    monkeypatch.setattr(timing, "RESCAN_S", 1.0)
+    monkeypatch.setattr(timing, "ORPHAN_INDEX_S", 0.0)
     took_over = asyncio.Event()
     real_on_start = live.LiveScheduler.on_start
 

@@ -26,8 +26,7 @@ from gpusched.libs.common.schemas import (
 from gpusched.services.admission import AdmissionConfig, AdmissionService
 from gpusched.services.admission.ids import idempotent_job_id
 from gpusched.services.nodeagent.cluster import EmulatedCluster
-from gpusched.services.scheduler import live
-from gpusched.services.scheduler.live import SchedulerService
+from gpusched.services.scheduler.live import SchedulerService, timing
 from tests.live import fast_scheduler
 
 TOKEN = "tok-recovery"
@@ -93,7 +92,7 @@ async def running(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Runn
 @pytest.fixture
 async def rescanning(nats_server, tmp_path, monkeypatch) -> AsyncIterator[Running]:
     """A cluster whose scheduler rescans its index of unfinished jobs every second."""
-    monkeypatch.setattr(live, "RESCAN_S", 1.0)
+    monkeypatch.setattr(timing, "RESCAN_S", 1.0)
     async for up in running(nats_server, tmp_path):
         yield up
 
@@ -101,7 +100,7 @@ async def rescanning(nats_server, tmp_path, monkeypatch) -> AsyncIterator[Runnin
 @pytest.fixture
 async def never_rescanning(nats_server, tmp_path, monkeypatch) -> AsyncIterator[Running]:
     """A cluster whose scheduler learns of jobs from submission events alone."""
-    monkeypatch.setattr(live, "RESCAN_S", 24 * 3600.0)
+    monkeypatch.setattr(timing, "RESCAN_S", 24 * 3600.0)
     async for up in running(nats_server, tmp_path):
         yield up
 

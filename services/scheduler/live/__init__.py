@@ -10,7 +10,8 @@ acknowledged only once handled, so a crash of the leader loses none of them.
 The package's modules, each importing only those above it in this list:
 
 - ``timing``: how often and how soon the scheduler looks again (rescans, read-backs,
-  redeliveries);
+  redeliveries); the other modules read them there at each use, so a test changes one
+  on ``live.timing`` (the copies this package re-exports are for reading);
 - ``liveness``: when heartbeats arrived, noted ahead of the actor's queue;
 - ``messages``: what the actor's inbox holds, and ``redeliver`` for a stored input it
   did not handle;
@@ -35,11 +36,6 @@ here, so importers need not know the modules.
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
-
-from gpusched.services.scheduler.live import timing
 from gpusched.services.scheduler.live.actor import LiveScheduler
 from gpusched.services.scheduler.live.commands import NodeCommand, NodeCommands
 from gpusched.services.scheduler.live.commands import node_share as _node_share
@@ -111,17 +107,3 @@ __all__ = [
     "Sweep",
     "_node_share",
 ]
-
-
-class _Package(types.ModuleType):
-    """This package, where setting one of the timings (``RESCAN_S``: tests set it with
-    ``monkeypatch.setattr(live, "RESCAN_S", 1.0)``, as when the scheduler was one
-    module) sets it in ``timing`` too, where the other modules read it."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name.isupper() and hasattr(timing, name):
-            setattr(timing, name, value)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
