@@ -32,9 +32,9 @@ from gpusched.libs.core.cluster import Cluster
 from gpusched.libs.core.jobs import JobSpec
 from gpusched.libs.core.perf import PerformanceModel
 from gpusched.services.scheduler.policies import POLICIES, make_policy
-from gpusched.services.scheduler.results import SimResult
-from gpusched.services.scheduler.runner import build_cluster, build_models, load_workload
-from gpusched.services.scheduler.simulator import simulate
+from gpusched.services.scheduler.simulation.results import SimResult
+from gpusched.services.scheduler.simulation.runner import build_cluster, build_models, load_workload
+from gpusched.services.scheduler.simulation.simulator import simulate
 
 JOBS = 20_000
 #: ``ones`` replays fewer jobs: 500 Philly jobs take it minutes

@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 from gpusched.libs.core.workload import alone_run_s, parse_slack_range, with_deadlines  # noqa: E402
 from gpusched.services.scheduler.policies import make_policy  # noqa: E402
 from gpusched.services.scheduler.policies.base import Policy  # noqa: E402
-from gpusched.services.scheduler.runner import build_cluster, build_models, load_workload  # noqa: E402
-from gpusched.services.scheduler.simulator import simulate  # noqa: E402
+from gpusched.services.scheduler.simulation.runner import build_cluster, build_models, load_workload  # noqa: E402
+from gpusched.services.scheduler.simulation.simulator import simulate  # noqa: E402
 
 POLICIES = ("genie", "edf", "sjf", "fifo")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from speed import print_machine_speed  # bench/ is the script's own directory
 
 from gpusched.services.scheduler.policies import POLICIES
-from gpusched.services.scheduler.runner import estimate_s
+from gpusched.services.scheduler.simulation.runner import estimate_s
 
 #: as scripts/demo has them (DEMO_JOBS there)
 DEMO_JOBS = 10_000

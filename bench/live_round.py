@@ -21,8 +21,8 @@ from speed import print_machine_speed  # bench/ is the script's own directory
 
 from gpusched.libs.common.schemas import GpuInfo, JobRecord, JobSpec, NodeInfo
 from gpusched.libs.core.groundtruth import load_performance_model
+from gpusched.services.scheduler.live.state import Layout, LiveJob, build_snapshot
 from gpusched.services.scheduler.policies import POLICIES, make_policy
-from gpusched.services.scheduler.state import Layout, LiveJob, build_snapshot
 
 
 def main() -> None:

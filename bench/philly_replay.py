@@ -27,7 +27,7 @@ from gpusched.libs.core.traces import load_trace
 from gpusched.libs.core.workload import materialize
 from gpusched.services.scheduler.policies import POLICIES, Policy, make_policy
 from gpusched.services.scheduler.policies.sjf_bsbf import SjfBsbf
-from gpusched.services.scheduler.simulator import simulate
+from gpusched.services.scheduler.simulation.simulator import simulate
 
 
 def main() -> None:

@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 
 from gpusched.services.scheduler.policies import make_policy  # noqa: E402
 from gpusched.services.scheduler.policies.ones import Ones  # noqa: E402
-from gpusched.services.scheduler.runner import build_cluster, build_models, load_workload  # noqa: E402
-from gpusched.services.scheduler.simulator import simulate  # noqa: E402
+from gpusched.services.scheduler.simulation.runner import build_cluster, build_models, load_workload  # noqa: E402
+from gpusched.services.scheduler.simulation.simulator import simulate  # noqa: E402
 
 
 def main() -> None:

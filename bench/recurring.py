@@ -25,8 +25,8 @@ from gpusched.libs.core.jobs import JobSpec
 from gpusched.libs.core.perf import PerformanceModel
 from gpusched.libs.core.recurring import RecurringConfig, recurring_jobs
 from gpusched.services.scheduler.policies import make_policy
-from gpusched.services.scheduler.results import SimResult
-from gpusched.services.scheduler.simulator import SimConfig, simulate
+from gpusched.services.scheduler.simulation.results import SimResult
+from gpusched.services.scheduler.simulation.simulator import SimConfig, simulate
 
 #: (label, policy, predictor)
 RUNS = (

@@ -22,7 +22,7 @@ from gpusched.libs.core.snapshot import Snapshot
 from gpusched.services.scheduler.policies import make_policy
 from gpusched.services.scheduler.policies.asrpt import Asrpt
 from gpusched.services.scheduler.policies.preemptive import Srtf
-from gpusched.services.scheduler.simulator import SimConfig, simulate
+from gpusched.services.scheduler.simulation.simulator import SimConfig, simulate
 from tests.builders import cluster, job
 from tests.test_invariants import PERF, Audited
 

@@ -16,7 +16,7 @@ from gpusched.services.scheduler.policies import (
     make_policy,
 )
 from gpusched.services.scheduler.policies.preemptive import Tiresias
-from gpusched.services.scheduler.simulator import simulate
+from gpusched.services.scheduler.simulation.simulator import simulate
 from tests.builders import TablePerf, cluster, job
 
 PERF = TablePerf()

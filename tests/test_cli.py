@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 from gpusched.libs.core.traces import FORMATS
 from gpusched.services.cli.main import TraceFormat, app
 from gpusched.services.scheduler.policies import POLICIES
-from gpusched.services.scheduler.report import human_duration, summary_json
-from gpusched.services.scheduler.results import SimResult
-from gpusched.services.scheduler.runner import build_cluster
+from gpusched.services.scheduler.simulation.report import human_duration, summary_json
+from gpusched.services.scheduler.simulation.results import SimResult
+from gpusched.services.scheduler.simulation.runner import build_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = ROOT.parent / "shared" / "data"

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: what neither decode nor tap may import on start: each takes from tenths of a second
 #: (matplotlib, scipy, aiohttp) to seconds (torch) on a busy machine
 HEAVY = (
-    "matplotlib", "torch", "sklearn", "scipy", "aiohttp", "gpusched.services.scheduler.simulator",
+    "matplotlib", "torch", "sklearn", "scipy", "aiohttp",
+    "gpusched.services.scheduler.simulation.simulator",
 )
 
 RESOLVE = """

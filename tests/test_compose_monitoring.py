@@ -29,7 +29,7 @@ from gpusched.services.nodeagent.metrics import Metrics as NodeAgentMetrics
 from gpusched.services.nodeagent.metrics import NodeCollector
 from gpusched.services.nodeagent.runs import STDERR_DRAIN_S
 from gpusched.services.predictor.config import PredictorConfig
-from gpusched.services.scheduler.metrics import SchedulerMetrics, endpoint_from_env
+from gpusched.services.scheduler.live.metrics import SchedulerMetrics, endpoint_from_env
 from tests.test_compose import _VARIABLE, SECRETS, interpolate, is_gpusched, load
 
 ROOT = Path(__file__).resolve().parents[1]

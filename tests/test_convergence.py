@@ -24,7 +24,7 @@ from gpusched.libs.core.decision import Decision, Resize, Start, decision_proble
 from gpusched.libs.core.snapshot import Snapshot
 from gpusched.libs.core.traces import load_trace
 from gpusched.services.scheduler.policies.base import Capabilities
-from gpusched.services.scheduler.simulator import SimConfig, simulate
+from gpusched.services.scheduler.simulation.simulator import SimConfig, simulate
 from tests.builders import ConvergingPerf, cluster, job, pending, snapshot
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

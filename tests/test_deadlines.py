@@ -27,8 +27,13 @@ from gpusched.services.scheduler.policies.genie import (
     slack_key,
     swaf_key,
 )
-from gpusched.services.scheduler.results import FINISHED, UNFINISHED, JobOutcome, SimResult
-from gpusched.services.scheduler.simulator import simulate
+from gpusched.services.scheduler.simulation.results import (
+    FINISHED,
+    UNFINISHED,
+    JobOutcome,
+    SimResult,
+)
+from gpusched.services.scheduler.simulation.simulator import simulate
 from tests.builders import TablePerf, cluster, job, pending, running, snapshot
 
 runner = CliRunner()

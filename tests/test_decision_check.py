@@ -12,9 +12,9 @@ import structlog
 from gpusched.libs.core.decision import Decision, Preempt, Resize, Start, decision_problems
 from gpusched.libs.core.snapshot import Snapshot
 from gpusched.services.scheduler.live import Round
+from gpusched.services.scheduler.live.state import Phase
 from gpusched.services.scheduler.policies.base import Capabilities, QueueSort
-from gpusched.services.scheduler.simulator import PolicyViolation, simulate
-from gpusched.services.scheduler.state import Phase
+from gpusched.services.scheduler.simulation.simulator import PolicyViolation, simulate
 from tests.builders import TablePerf, cluster, job, pending, running, snapshot
 from tests.live import record, spec, store_job
 from tests.test_scheduler_hardening import idle_scheduler, register_node

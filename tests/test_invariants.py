@@ -13,7 +13,7 @@ from gpusched.libs.core.decision import Decision
 from gpusched.libs.core.snapshot import Snapshot
 from gpusched.services.scheduler.policies import POLICIES, RESIDENT_CAP_POLICIES, make_policy
 from gpusched.services.scheduler.policies.base import Capabilities, Policy
-from gpusched.services.scheduler.simulator import SimConfig, simulate
+from gpusched.services.scheduler.simulation.simulator import SimConfig, simulate
 from tests.builders import TablePerf, cluster, job
 
 PERF = TablePerf(

@@ -27,7 +27,6 @@ from gpusched.libs.common.schemas import (
     StateChange,
     StopJob,
 )
-from gpusched.services.scheduler.gpu_types import GpuTypes
 from gpusched.services.scheduler.live import (
     JobStore,
     Message,
@@ -38,7 +37,8 @@ from gpusched.services.scheduler.live import (
     StartResult,
     StopFailed,
 )
-from gpusched.services.scheduler.state import LiveJob
+from gpusched.services.scheduler.live.gpu_types import GpuTypes
+from gpusched.services.scheduler.live.state import LiveJob
 from tests.live import fast_scheduler, spec, store_job
 
 log = structlog.get_logger("test")

@@ -18,7 +18,7 @@ from gpusched.services.predictor.config import PredictorConfig
 from gpusched.services.predictor.progress import SOURCE_PROGRESS
 from gpusched.services.predictor.service import PredictorService
 from gpusched.services.scheduler.live import SchedulerService
-from gpusched.services.scheduler.state import build_snapshot
+from gpusched.services.scheduler.live.state import build_snapshot
 from tests.limits import process_limit_s
 from tests.live import fast_scheduler, spec, store_job, wait_state
 from tests.test_nodeagent_service import PROCESS_TIMINGS

@@ -37,7 +37,7 @@ from gpusched.services.predictor.config import PredictorConfig
 from gpusched.services.predictor.service import PredictorService
 from gpusched.services.predictor.sizes import predicted_size_msg_id
 from gpusched.services.scheduler.live import LiveScheduler, SchedulerService
-from gpusched.services.scheduler.state import believed_iterations, remaining_iterations
+from gpusched.services.scheduler.live.state import believed_iterations, remaining_iterations
 from tests.live import fast_scheduler, record, spec, store_job, wait_state
 
 TOKENS = {"tok-alice": "alice", "tok-bob": "bob", "tok-carol": "carol"}

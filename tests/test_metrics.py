@@ -29,7 +29,7 @@ from gpusched.services.cli.main import app
 from gpusched.services.cli.up import LocalCluster, UpConfig
 from gpusched.services.nodeagent.gpus import emulated_uuid
 from gpusched.services.nodeagent.metrics import JobReading, NodeCollector, NodeView
-from gpusched.services.scheduler.metrics import PENDING_REASONS, pending_reason_label
+from gpusched.services.scheduler.live.metrics import PENDING_REASONS, pending_reason_label
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "metrics.md"

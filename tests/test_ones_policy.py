@@ -19,7 +19,7 @@ from gpusched.services.scheduler.policies.base import Capabilities
 from gpusched.services.scheduler.policies.ones import POPULATION, Ones
 from gpusched.services.scheduler.policies.ones_jobs import samples_at
 from gpusched.services.scheduler.policies.ones_problem import NONE, SearchProblem
-from gpusched.services.scheduler.simulator import SimConfig, simulate
+from gpusched.services.scheduler.simulation.simulator import SimConfig, simulate
 from tests.builders import ConvergingPerf, TablePerf, cluster, job, pending, running, snapshot
 
 PERF = TablePerf(

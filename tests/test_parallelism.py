@@ -228,7 +228,7 @@ def test_the_ground_truth_times_a_parallel_job_by_its_servers_not_their_names() 
 def _run_alone(cluster: Cluster, job: JobSpec) -> float:
     from gpusched.libs.core.groundtruth import ProfilePerformanceModel
     from gpusched.services.scheduler.policies import make_policy
-    from gpusched.services.scheduler.simulator import simulate
+    from gpusched.services.scheduler.simulation.simulator import simulate
 
     result = simulate(cluster, [job], make_policy("fifo"), ProfilePerformanceModel.builtin())
     (outcome,) = result.jobs
@@ -339,7 +339,7 @@ def test_policies_place_a_tensor_parallel_job_by_the_mapper_and_it_runs_faster_t
 ) -> None:
     from gpusched.libs.core.groundtruth import ProfilePerformanceModel
     from gpusched.services.scheduler.policies import make_policy
-    from gpusched.services.scheduler.simulator import simulate
+    from gpusched.services.scheduler.simulation.simulator import simulate
 
     truth = ProfilePerformanceModel.builtin()
     cluster = _cluster([3, 2, 3])

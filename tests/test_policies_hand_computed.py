@@ -17,7 +17,7 @@ from gpusched.libs.core.snapshot import Snapshot
 from gpusched.services.scheduler.policies import make_policy
 from gpusched.services.scheduler.policies.base import Capabilities, Policy, QueueSort
 from gpusched.services.scheduler.policies.preemptive import Tiresias
-from gpusched.services.scheduler.simulator import PolicyViolation, SimConfig, simulate
+from gpusched.services.scheduler.simulation.simulator import PolicyViolation, SimConfig, simulate
 from tests.builders import TablePerf, cluster, job
 
 TRACE = [job("j1", 0, 100), job("j2", 0, 50), job("j3", 10, 10, gpus=2), job("j4", 20, 5)]

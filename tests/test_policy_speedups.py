@@ -47,7 +47,7 @@ from gpusched.services.scheduler.policies.sharing import (
 )
 from gpusched.services.scheduler.policies.sjf_bsbf import SjfBsbf
 from gpusched.services.scheduler.policies.slots import build_groups
-from gpusched.services.scheduler.simulator import SimConfig, simulate
+from gpusched.services.scheduler.simulation.simulator import SimConfig, simulate
 from tests.builders import TablePerf, cluster, job, pending, running, snapshot
 
 PERF = TablePerf(

@@ -17,7 +17,7 @@ from gpusched.libs.core.traces import TraceJob, load_trace, write_native
 from gpusched.services.scheduler.policies import make_policy
 from gpusched.services.scheduler.policies.base import by_priority, by_priority_ranked
 from gpusched.services.scheduler.policies.preemptive import Tiresias
-from gpusched.services.scheduler.simulator import simulate
+from gpusched.services.scheduler.simulation.simulator import simulate
 from tests.builders import TablePerf, cluster, job, pending, running, snapshot
 
 #: the policies that honour priorities (``ones`` is elastic and ignores them)

@@ -12,7 +12,7 @@ from gpusched.libs.core.decision import Decision, Start
 from gpusched.libs.core.progress import MIN_EPOCHS, PRIOR_JOBS, EpochRecord, ProgressPredictor
 from gpusched.libs.core.snapshot import Snapshot
 from gpusched.services.scheduler.policies.base import Capabilities
-from gpusched.services.scheduler.simulator import Simulator
+from gpusched.services.scheduler.simulation.simulator import Simulator
 from tests.builders import ConvergingPerf, cluster, job
 
 EPOCH = 1_000.0

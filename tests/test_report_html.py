@@ -14,8 +14,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpusched.services.scheduler.report import PLOT_FILES, human_duration
-from gpusched.services.scheduler.report_html import REPORT_FILE, Option, RunInfo, render
+from gpusched.services.scheduler.simulation.report import PLOT_FILES, human_duration
+from gpusched.services.scheduler.simulation.report_html import REPORT_FILE, Option, RunInfo, render
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("fifo", "sjf", "tiresias")

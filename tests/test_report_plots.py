@@ -6,14 +6,19 @@ from __future__ import annotations
 import pytest
 
 from gpusched.services.scheduler.policies import POLICIES
-from gpusched.services.scheduler.report import (
+from gpusched.services.scheduler.simulation.report import (
     gpu_util_figure,
     jct_cdf_figure,
     policy_styles,
     queue_length_figure,
 )
-from gpusched.services.scheduler.results import FINISHED, JobOutcome, SimResult, TimelinePoint
-from gpusched.services.scheduler.runner import (
+from gpusched.services.scheduler.simulation.results import (
+    FINISHED,
+    JobOutcome,
+    SimResult,
+    TimelinePoint,
+)
+from gpusched.services.scheduler.simulation.runner import (
     build_cluster,
     build_models,
     load_workload,

@@ -9,10 +9,10 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from gpusched.services.cli.main import app
-from gpusched.services.scheduler.report_html import REPORT_FILE
-from gpusched.services.scheduler.result_notes import WorkloadFacts, result_notes
-from gpusched.services.scheduler.results import SimResult
-from gpusched.services.scheduler.runner import build_cluster, build_models, run_policies
+from gpusched.services.scheduler.simulation.report_html import REPORT_FILE
+from gpusched.services.scheduler.simulation.result_notes import WorkloadFacts, result_notes
+from gpusched.services.scheduler.simulation.results import SimResult
+from gpusched.services.scheduler.simulation.runner import build_cluster, build_models, run_policies
 from tests.test_report_html import parse
 
 HEADER = "job_id,submit_time,gpus,model,batch_size,duration_s"
@@ -134,7 +134,7 @@ def _jobs(truth, cluster, models: list[str]):
 def _result(
     policy: str, *, finish: float = 3_600.0, preemptions: int = 0, resizes: int = 0
 ) -> SimResult:
-    from gpusched.services.scheduler.results import FINISHED, JobOutcome
+    from gpusched.services.scheduler.simulation.results import FINISHED, JobOutcome
 
     job = JobOutcome(
         job_id="j1", model="bert", gpus=1, submit_time=0.0, start_time=0.0,

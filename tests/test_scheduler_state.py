@@ -12,8 +12,14 @@ import pytest
 from gpusched.libs.common.schemas import GpuInfo, JobRecord, JobSpec, NodeInfo, Placement
 from gpusched.libs.core.groundtruth import load_performance_model
 from gpusched.services.scheduler.config import SchedulerConfig
+from gpusched.services.scheduler.live.state import (
+    Layout,
+    LiveJob,
+    Phase,
+    build_snapshot,
+    waiting_view,
+)
 from gpusched.services.scheduler.policies import make_policy
-from gpusched.services.scheduler.state import Layout, LiveJob, Phase, build_snapshot, waiting_view
 
 PERF = load_performance_model(None)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from gpusched.services.scheduler.policies import POLICIES
-from gpusched.services.scheduler.results import SimResult
-from gpusched.services.scheduler.runner import (
+from gpusched.services.scheduler.simulation.results import SimResult
+from gpusched.services.scheduler.simulation.runner import (
     Interrupted,
     build_cluster,
     build_models,
@@ -137,7 +137,7 @@ def test_the_estimate_grows_with_jobs_and_policies_and_counts_ones_at_its_own_ra
 
 
 def test_every_policy_has_a_measured_rate_for_the_estimate():
-    from gpusched.services.scheduler.runner import POLICY_RATES
+    from gpusched.services.scheduler.simulation.runner import POLICY_RATES
 
     assert set(POLICY_RATES) == set(POLICIES)
     assert all(rate > 0 for rate in POLICY_RATES.values())

@@ -22,13 +22,13 @@ from gpusched.libs.core.perf import PerformanceModel
 from gpusched.libs.core.traces import TraceError, TraceJob, load_trace, write_native
 from gpusched.services.cli.main import app
 from gpusched.services.scheduler.policies import make_policy
-from gpusched.services.scheduler.runner import (
+from gpusched.services.scheduler.simulation.runner import (
     InputError,
     build_cluster,
     build_models,
     load_workload,
 )
-from gpusched.services.scheduler.simulator import Simulator, simulate
+from gpusched.services.scheduler.simulation.simulator import Simulator, simulate
 from tests import builders
 
 TRUTH = load_performance_model(None)
@@ -234,7 +234,7 @@ def no_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("simulated before checking --out")
 
-    monkeypatch.setattr("gpusched.services.scheduler.runner.run_policies", refuse)
+    monkeypatch.setattr("gpusched.services.scheduler.simulation.runner.run_policies", refuse)
 
 
 def test_an_out_path_under_a_regular_file_is_refused_before_simulating(

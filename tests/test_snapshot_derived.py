@@ -15,7 +15,7 @@ from gpusched.libs.core.cluster import HostUse
 from gpusched.libs.core.jobs import JobSpec
 from gpusched.libs.core.snapshot import Snapshot
 from gpusched.services.scheduler.policies import POLICIES, make_policy
-from gpusched.services.scheduler.simulator import SimConfig, Simulator
+from gpusched.services.scheduler.simulation.simulator import SimConfig, Simulator
 from tests.builders import TablePerf, cluster, pending, running
 
 PERF = TablePerf(

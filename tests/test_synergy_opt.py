@@ -19,8 +19,13 @@ from gpusched.libs.core.snapshot import Snapshot
 from gpusched.services.cli.main import app
 from gpusched.services.scheduler.policies import make_policy
 from gpusched.services.scheduler.policies.base import Capabilities
-from gpusched.services.scheduler.simulator import SimConfig, simulate
-from gpusched.services.scheduler.synergy_opt import OptBounded, OptJob, opt_jobs, synergy_opt
+from gpusched.services.scheduler.simulation.simulator import SimConfig, simulate
+from gpusched.services.scheduler.simulation.synergy_opt import (
+    OptBounded,
+    OptJob,
+    opt_jobs,
+    synergy_opt,
+)
 from tests.test_synergy_policy import PERF, synergy_cluster
 from tests.test_synergy_sim import simulate_cli
 

@@ -19,8 +19,8 @@ from gpusched.libs.core.perf import CpuMemDemand
 from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.scheduler.policies import POLICIES, make_policy
 from gpusched.services.scheduler.policies.synergy import LAS_ORDER, SynergyTune, las_key
-from gpusched.services.scheduler.simulator import SimConfig, simulate
-from gpusched.services.scheduler.synergy_opt import opt_jobs, synergy_opt
+from gpusched.services.scheduler.simulation.simulator import SimConfig, simulate
+from gpusched.services.scheduler.simulation.synergy_opt import opt_jobs, synergy_opt
 from tests.builders import TablePerf
 
 FAIR_CPUS, FAIR_MEM = 3.0, 62.5

@@ -24,8 +24,8 @@ from gpusched.libs.core.perf import CpuMemDemand, demand_on_node
 from gpusched.libs.core.snapshot import Snapshot
 from gpusched.services.cli.main import app
 from gpusched.services.scheduler.policies.base import Capabilities
-from gpusched.services.scheduler.runner import build_cluster
-from gpusched.services.scheduler.simulator import SimConfig, simulate
+from gpusched.services.scheduler.simulation.runner import build_cluster
+from gpusched.services.scheduler.simulation.simulator import SimConfig, simulate
 from tests.builders import TablePerf, pending, running, snapshot
 
 TRUTH = load_performance_model(None)

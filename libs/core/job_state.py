@@ -1,6 +1,6 @@
 """What a scheduler believes of a job, the same in both drivers (the simulator's
-``services/scheduler/simulator.py`` and the live scheduler's
-``services/scheduler/state.py``): the iterations it has left, and the view of it a
+``services/scheduler/simulation/simulator.py`` and the live scheduler's
+``services/scheduler/live/state.py``): the iterations it has left, and the view of it a
 policy gets (``job_view``, over the fields each driver keeps in its own record).
 """
 

@@ -1,7 +1,7 @@
 """The ``gpusched`` command line: replay a trace under several policies, list policies.
 
-A thin shell over `gpusched.services.scheduler.runner` and
-`gpusched.services.scheduler.report`: it parses options, turns user mistakes into
+A thin shell over `gpusched.services.scheduler.simulation.runner` and
+`gpusched.services.scheduler.simulation.report`: it parses options, turns user mistakes into
 one-line errors (exit code 2) and shows progress.
 """
 
@@ -29,9 +29,13 @@ if TYPE_CHECKING:
     from gpusched.libs.core.cluster import Cluster
     from gpusched.libs.core.jobs import JobSpec
     from gpusched.libs.core.perf import PerformanceModel
-    from gpusched.services.scheduler.report_html import RunInfo
-    from gpusched.services.scheduler.results import SimResult
-    from gpusched.services.scheduler.runner import ProgressCallback, ProgressFactory, Workload
+    from gpusched.services.scheduler.simulation.report_html import RunInfo
+    from gpusched.services.scheduler.simulation.results import SimResult
+    from gpusched.services.scheduler.simulation.runner import (
+        ProgressCallback,
+        ProgressFactory,
+        Workload,
+    )
 
 # Only what the options themselves need is imported above: the simulator, its policies,
 # numpy, scipy and matplotlib are imported by the commands that use them, so that
@@ -48,7 +52,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from gpusched.libs.core.perf import UnknownModelError
     from gpusched.libs.core.traces import TraceError
     from gpusched.services.scheduler.policies import UnknownPolicyError
-    from gpusched.services.scheduler.runner import InputError
+    from gpusched.services.scheduler.simulation.runner import InputError
 
     return (UsageError, InputError, TraceError, UnknownPolicyError, UnknownModelError,
             MissingExtraError)  # fmt: skip
@@ -244,7 +248,7 @@ def simulate(
 ) -> None:
     """Replay a trace under one or more policies; print a table and write outputs."""
     from gpusched.libs.core.workload import with_deadlines
-    from gpusched.services.scheduler.runner import (
+    from gpusched.services.scheduler.simulation.runner import (
         Interrupted,
         build_models,
         check_policies,
@@ -252,7 +256,7 @@ def simulate(
         load_workload,
         run_policies,
     )
-    from gpusched.services.scheduler.simulator import PolicyViolation, SimConfig
+    from gpusched.services.scheduler.simulation.simulator import PolicyViolation, SimConfig
 
     out_console, err_console = _consoles()
     stopped: Interrupted | None = None
@@ -264,7 +268,7 @@ def simulate(
         names = check_policies(_policy_names(policy), max_resident_slowdown)
         names = _with_extras(names, explicit=bool(policy), notes=err_console)
         check_round_s(round_s)
-        from gpusched.services.scheduler.runner import check_predictor
+        from gpusched.services.scheduler.simulation.runner import check_predictor
 
         check_predictor(predictor)
         _check_out(out)
@@ -322,7 +326,7 @@ def simulate(
         _stop(err_console, stopped, "no policy had finished, so nothing was written")
     if measured is not None:
         results = [_measured(r, measured) for r in results]
-    from gpusched.services.scheduler.report import summary_table
+    from gpusched.services.scheduler.simulation.report import summary_table
 
     out_console.print(summary_table(results))
     notes = _print_notes(out_console, results, jobs, truth)
@@ -334,7 +338,7 @@ def simulate(
     }
     if opt_bound:
         settings["opt_bound"] = True
-    from gpusched.services.scheduler.report_html import RunInfo
+    from gpusched.services.scheduler.simulation.report_html import RunInfo
 
     ran = [r.policy for r in results]
     run = RunInfo.from_context(context, cluster=built, policies=ran, notes=workload.notes)
@@ -352,7 +356,7 @@ def _write(
     run: RunInfo | None = None,
     notes: Sequence[str] = (),
 ) -> None:
-    from gpusched.services.scheduler.report import write_outputs
+    from gpusched.services.scheduler.simulation.report import write_outputs
 
     try:
         paths = write_outputs(results, out, settings, run, notes)
@@ -421,7 +425,7 @@ def _first_doc_line(obj: object) -> str:
 
 
 def _trace_source(trace: str | None, synthetic_jobs: int | None) -> str:
-    from gpusched.services.scheduler.runner import SYNTHETIC_PREFIX
+    from gpusched.services.scheduler.simulation.runner import SYNTHETIC_PREFIX
 
     if trace is not None and synthetic_jobs is not None:
         raise UsageError("give --trace or --synthetic, not both")
@@ -437,7 +441,7 @@ def _synergy_workload(
 ) -> Workload | None:
     """Synergy's generated workload for ``synergy:N``, None for any other trace."""
     from gpusched.libs.core.workload import synergy_count, synergy_jobs
-    from gpusched.services.scheduler.runner import Workload
+    from gpusched.services.scheduler.simulation.runner import Workload
 
     try:
         count = synergy_count(source)
@@ -501,7 +505,7 @@ def _build_cluster(
     spec: str, data_dir: Path | None, cpus_per_node: int | None, mem_gb_per_node: float | None
 ) -> Cluster:
     """The runner's cluster of ``spec``, or the cluster file (.json) it names."""
-    from gpusched.services.scheduler.runner import build_cluster, check_host_resources
+    from gpusched.services.scheduler.simulation.runner import build_cluster, check_host_resources
 
     if not spec.strip().lower().endswith(".json"):
         return build_cluster(spec, data_dir, cpus_per_node, mem_gb_per_node)
@@ -519,7 +523,7 @@ def _build_cluster(
 
 def _check_out(out: Path) -> None:
     # before any run: an unusable folder would otherwise be found only after all of them
-    from gpusched.services.scheduler.report import output_problem
+    from gpusched.services.scheduler.simulation.report import output_problem
 
     problem = output_problem(out)
     if problem:
@@ -566,7 +570,7 @@ def _honouring_priorities(
     --policy stops the run (naming the field), and one that came with the default list
     of all is left out with a note."""
     from gpusched.services.scheduler.policies import honours_priority, make_policy
-    from gpusched.services.scheduler.runner import InputError
+    from gpusched.services.scheduler.simulation.runner import InputError
 
     if not any(job.priority for job in jobs):
         return names
@@ -640,8 +644,8 @@ def _progress_bars(console: Console) -> Iterator[ProgressFactory | None]:
 
 def _announce(console: Console, names: Sequence[str], n_jobs: int) -> None:
     """What is about to run, and about how long it takes (``runner.estimate_s``)."""
-    from gpusched.services.scheduler.report import human_duration
-    from gpusched.services.scheduler.runner import estimate_s
+    from gpusched.services.scheduler.simulation.report import human_duration
+    from gpusched.services.scheduler.simulation.runner import estimate_s
 
     count = f"{len(names)} polic{'y' if len(names) == 1 else 'ies'}"
     took = human_duration(estimate_s(names, n_jobs))
@@ -672,7 +676,7 @@ def _print_notes(
     console: Console, results: Sequence[SimResult], jobs: Sequence[JobSpec], truth: PerformanceModel
 ) -> list[str]:
     """Under the table, the facts that explain a figure (``result_notes``)."""
-    from gpusched.services.scheduler.result_notes import WorkloadFacts, result_notes
+    from gpusched.services.scheduler.simulation.result_notes import WorkloadFacts, result_notes
 
     notes = result_notes(results, WorkloadFacts.of(jobs, truth))
     for note in notes:

@@ -47,7 +47,7 @@ from gpusched.services.predictor.config import PredictorConfig
 from gpusched.services.predictor.service import PredictorService
 from gpusched.services.scheduler.config import SchedulerConfig
 from gpusched.services.scheduler.live import SchedulerService
-from gpusched.services.scheduler.metrics import MetricsServer, combined
+from gpusched.services.scheduler.live.metrics import MetricsServer, combined
 from gpusched.services.scheduler.policies.sjf_bsbf import resident_cap_problem
 
 #: what ``up`` writes in its state directory for the CLI (client.up_file says where the

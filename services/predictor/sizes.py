@@ -15,7 +15,7 @@ Our design around `gpusched.libs.core.size_predictor` (the simulator's ``--predi
   ``gpusched.job.<id>.predicted_size`` (`predicted_size`), which the jobs stream stores
   (``Nats-Msg-Id`` `predicted_size_msg_id`, so a repeat is stored once); the scheduler
   writes it into the job's record and believes a ``forest`` figure
-  (services/scheduler/state.py, `LiveJob.remaining_s`).
+  (services/scheduler/live/state.py, `LiveJob.remaining_s`).
 - **Learning**: a SUCCEEDED job's record gives the iterations it really ran (its last
   progress, else its planned total; `truth_of`). It becomes a training row, its
   remembered prediction is scored against it, and the forest is retrained by

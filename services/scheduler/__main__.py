@@ -13,7 +13,7 @@ import sys
 from gpusched.libs.common.logging import configure_logging
 from gpusched.services.scheduler.config import SchedulerConfig
 from gpusched.services.scheduler.live import SchedulerService
-from gpusched.services.scheduler.metrics import MetricsServer, endpoint_from_env
+from gpusched.services.scheduler.live.metrics import MetricsServer, endpoint_from_env
 
 
 async def serve(config: SchedulerConfig, metrics: tuple[str, int] | None = None) -> None:

@@ -37,8 +37,8 @@ from gpusched.libs.common.schemas import (
     SizePredicted,
 )
 from gpusched.libs.core.progress import MIN_EPOCHS
-from gpusched.services.scheduler.gpu_types import GpuMeasured
 from gpusched.services.scheduler.live import timing
+from gpusched.services.scheduler.live.gpu_types import GpuMeasured
 from gpusched.services.scheduler.live.messages import (
     Beat,
     ComputeMeasured,
@@ -58,8 +58,8 @@ from gpusched.services.scheduler.live.messages import (
 )
 from gpusched.services.scheduler.live.reports import from_sender
 from gpusched.services.scheduler.live.rounds import Rounds
+from gpusched.services.scheduler.live.state import LiveJob, LiveNode, Phase, ScaledModel
 from gpusched.services.scheduler.live.store import RecordConflict
-from gpusched.services.scheduler.state import LiveJob, LiveNode, Phase, ScaledModel
 
 
 class LiveScheduler(Rounds):

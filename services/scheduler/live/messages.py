@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from nats.aio.msg import Msg
 
 from gpusched.libs.common.schemas import ComputeProfile, CpuProfile, Heartbeat, JobProgressEvent
-from gpusched.services.scheduler.gpu_types import GpuMeasured
 from gpusched.services.scheduler.live import timing
+from gpusched.services.scheduler.live.gpu_types import GpuMeasured
 
 
 @dataclass(frozen=True)

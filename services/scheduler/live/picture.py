@@ -30,18 +30,16 @@ from gpusched.libs.common.schemas import JobRecord, JobState, StateChange
 from gpusched.libs.core.groundtruth import load_performance_model
 from gpusched.libs.core.perf import PerformanceModel, UnknownModelError
 from gpusched.services.scheduler.config import SchedulerConfig
-from gpusched.services.scheduler.gpu_types import GpuTypes
 from gpusched.services.scheduler.live import timing
 from gpusched.services.scheduler.live.commands import NodeCommands
+from gpusched.services.scheduler.live.gpu_types import GpuTypes
 from gpusched.services.scheduler.live.liveness import Liveness
 from gpusched.services.scheduler.live.messages import Message, Resync, Round
+from gpusched.services.scheduler.live.metrics import SchedulerMetrics
 from gpusched.services.scheduler.live.predictor import PredictorAsks
 from gpusched.services.scheduler.live.publisher import Publisher
 from gpusched.services.scheduler.live.registry import NodeRegistry
-from gpusched.services.scheduler.live.store import JobStore, RecordConflict
-from gpusched.services.scheduler.metrics import SchedulerMetrics
-from gpusched.services.scheduler.policies import make_policy
-from gpusched.services.scheduler.state import (
+from gpusched.services.scheduler.live.state import (
     Layout,
     LiveJob,
     LiveNode,
@@ -49,6 +47,8 @@ from gpusched.services.scheduler.state import (
     ScaledModel,
     consolidated_nodes,
 )
+from gpusched.services.scheduler.live.store import JobStore, RecordConflict
+from gpusched.services.scheduler.policies import make_policy
 
 
 class Picture(Actor[Message]):

@@ -20,7 +20,7 @@ from gpusched.libs.common.predictor_client import PredictorClient, PredictorClie
 from gpusched.libs.common.schemas import JobRecord, PredictRequest, RemainingRequest
 from gpusched.libs.core.cluster import Cluster
 from gpusched.services.scheduler.config import SchedulerConfig
-from gpusched.services.scheduler.gpu_types import GpuMeasured, GpuTypes
+from gpusched.services.scheduler.live.gpu_types import GpuMeasured, GpuTypes
 from gpusched.services.scheduler.live.messages import (
     ComputeMeasured,
     Estimated,
@@ -28,7 +28,7 @@ from gpusched.services.scheduler.live.messages import (
     Message,
     RemainingPredicted,
 )
-from gpusched.services.scheduler.state import consolidated_nodes, remaining_iterations
+from gpusched.services.scheduler.live.state import consolidated_nodes, remaining_iterations
 
 
 class PredictorAsks:

@@ -14,7 +14,7 @@ from nats.aio.client import Client
 
 from gpusched.libs.common import codec, subjects
 from gpusched.libs.common.schemas import DecisionSummary, JobStateEvent
-from gpusched.services.scheduler.state import LiveJob
+from gpusched.services.scheduler.live.state import LiveJob
 
 
 class Publisher:

@@ -17,7 +17,7 @@ from nats.aio.msg import Msg
 
 from gpusched.libs.common import subjects
 from gpusched.libs.common.schemas import Heartbeat, IdStr, JobExit, JobProgressEvent
-from gpusched.services.scheduler.metrics import SchedulerMetrics
+from gpusched.services.scheduler.live.metrics import SchedulerMetrics
 
 log = structlog.get_logger("gpusched.scheduler")
 

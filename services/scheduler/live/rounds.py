@@ -20,7 +20,7 @@ from gpusched.libs.core.decision import Decision, Reallocate, Resize, Start, dec
 from gpusched.libs.core.snapshot import Snapshot
 from gpusched.services.scheduler.live.messages import StartResult
 from gpusched.services.scheduler.live.picture import Picture
-from gpusched.services.scheduler.state import LiveJob, Phase, build_snapshot, finish_estimates
+from gpusched.services.scheduler.live.state import LiveJob, Phase, build_snapshot, finish_estimates
 
 
 class Rounds(Picture):

@@ -36,9 +36,9 @@ from gpusched.libs.common.schemas import (
 )
 from gpusched.libs.common.tasks import cancel_and_wait
 from gpusched.services.scheduler.config import SchedulerConfig
-from gpusched.services.scheduler.gpu_types import GpuMeasured
-from gpusched.services.scheduler.lease import LeaderLease
 from gpusched.services.scheduler.live.actor import LiveScheduler
+from gpusched.services.scheduler.live.gpu_types import GpuMeasured
+from gpusched.services.scheduler.live.lease import LeaderLease
 from gpusched.services.scheduler.live.messages import (
     Beat,
     ComputeMeasured,
@@ -46,8 +46,8 @@ from gpusched.services.scheduler.live.messages import (
     Measured,
     ProgressSeen,
 )
+from gpusched.services.scheduler.live.metrics import SchedulerMetrics
 from gpusched.services.scheduler.live.reports import from_sender, valid_runs
-from gpusched.services.scheduler.metrics import SchedulerMetrics
 from gpusched.services.scheduler.policies import honours_priority
 from gpusched.services.scheduler.policies.base import Policy
 

@@ -20,7 +20,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFound
 from gpusched.libs.common import codec, subjects
 from gpusched.libs.common.bus import Stores
 from gpusched.libs.common.schemas import JobExit, JobRecord
-from gpusched.services.scheduler.state import LiveJob
+from gpusched.services.scheduler.live.state import LiveJob
 
 
 class RecordConflict(Exception):

@@ -22,8 +22,12 @@ from matplotlib.figure import Figure
 from rich import box
 from rich.table import Table
 
-from gpusched.services.scheduler.report_html import REPORT_FILE, RunInfo, write_report_html
-from gpusched.services.scheduler.results import JobOutcome, SimResult, TimelinePoint
+from gpusched.services.scheduler.simulation.report_html import (
+    REPORT_FILE,
+    RunInfo,
+    write_report_html,
+)
+from gpusched.services.scheduler.simulation.results import JobOutcome, SimResult, TimelinePoint
 
 SUMMARY_FILE = "summary.json"
 JOBS_FILE = "jobs.csv"
@@ -104,7 +108,7 @@ def write_outputs(
     notes: Sequence[str] = (),
 ) -> list[Path]:
     """Write the summary (with the run's ``settings`` and the table's ``notes``, see
-    `gpusched.services.scheduler.result_notes`), per-job CSV, plots and the one-file
+    `gpusched.services.scheduler.simulation.result_notes`), per-job CSV, plots and the one-file
     report (with what ``run`` says of the run's options and trace) into ``out_dir``;
     return the paths."""
     out = Path(out_dir)

@@ -31,8 +31,8 @@ from gpusched.services.scheduler.policies import (
     make_policy,
 )
 from gpusched.services.scheduler.policies.sjf_bsbf import resident_cap_problem
-from gpusched.services.scheduler.results import SimResult
-from gpusched.services.scheduler.simulator import SimConfig, simulate
+from gpusched.services.scheduler.simulation.results import SimResult
+from gpusched.services.scheduler.simulation.simulator import SimConfig, simulate
 
 #: ``--cluster alibaba`` reads this node list inside the data folder
 ALIBABA_NODES = Path("traces/alibaba-v2023/openb_node_list_gpu_node.csv")
@@ -336,7 +336,7 @@ def _run_one(
     from dataclasses import replace
 
     # imported here: the integer program's scipy parts are needed by --opt-bound alone
-    from gpusched.services.scheduler.synergy_opt import OptBounded
+    from gpusched.services.scheduler.simulation.synergy_opt import OptBounded
 
     bounded = OptBounded(policy)
     result = simulate(cluster, jobs, bounded, truth, estimates, config, progress)

@@ -33,8 +33,8 @@ from gpusched.services.scheduler.policies.base import (
     ReportsRho,
     ResidentCapped,
 )
-from gpusched.services.scheduler.queue_order import SortedQueue
-from gpusched.services.scheduler.results import (
+from gpusched.services.scheduler.simulation.queue_order import SortedQueue
+from gpusched.services.scheduler.simulation.results import (
     FINISHED,
     UNFINISHED,
     UNSCHEDULABLE,
@@ -42,7 +42,7 @@ from gpusched.services.scheduler.results import (
     SimResult,
     TimelinePoint,
 )
-from gpusched.services.scheduler.sim_job import SimJob
+from gpusched.services.scheduler.simulation.sim_job import SimJob
 
 ARRIVAL, FINISH, WAKE, ROUND = 0, 1, 2, 3
 #: completion is declared when this few iterations remain, absorbing float rounding

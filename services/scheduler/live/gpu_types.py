@@ -22,7 +22,7 @@ from gpusched.libs.common.schemas import MeasuredProfile, NodeInfo
 from gpusched.libs.core.measured import MeasuredPerformance
 from gpusched.libs.core.perf import PerformanceModel
 from gpusched.libs.core.profiles.measured import GpuProfile, gpu_type_key
-from gpusched.services.scheduler.state import ScaledModel
+from gpusched.services.scheduler.live.state import ScaledModel
 
 
 @dataclass(frozen=True)

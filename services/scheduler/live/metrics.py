@@ -27,7 +27,7 @@ from gpusched.libs.common.settings import Setting, load
 
 if TYPE_CHECKING:
     from gpusched.libs.core.decision import Decision
-    from gpusched.services.scheduler.state import LiveJob, LiveNode
+    from gpusched.services.scheduler.live.state import LiveJob, LiveNode
 
 #: the values of the ``reason`` label of ``gpusched_scheduler_pending_jobs``
 PENDING_REASONS = (

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from gpusched.libs.core.jobs import JobSpec
 from gpusched.libs.core.perf import PerformanceModel
 from gpusched.services.scheduler.policies import POLICIES, Policy, UnknownPolicyError, make_policy
-from gpusched.services.scheduler.results import SimResult
+from gpusched.services.scheduler.simulation.results import SimResult
 
 #: a model counts as CPU/memory sensitive when its best case beats the GPU-proportional
 #: share by more than this factor
