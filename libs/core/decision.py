@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -67,7 +67,7 @@ class Decision:
     starts: tuple[Start, ...] = ()
     preemptions: tuple[Preempt, ...] = ()
     resizes: tuple[Resize, ...] = ()
-    #: CPU/memory changes of running jobs, applied after the starts
+    #: CPU/memory changes of running jobs, applied before the starts (see ``in_order``)
     reallocations: tuple[Reallocate, ...] = ()
     #: why each examined job stays pending
     reasons: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
@@ -79,6 +79,20 @@ class Decision:
     def why(self, job_id: str) -> str:
         """A readable reason for a job the decision leaves pending."""
         return self.reasons.get(job_id, self.default_reason)
+
+    @property
+    def changes_anything(self) -> bool:
+        return bool(self.starts or self.preemptions or self.resizes or self.reallocations)
+
+    def in_order(self) -> Iterator[Preempt | Resize | Reallocate | Start]:
+        """The decision's changes in the one order every driver applies them: what frees
+        GPUs first (preemptions, then resizes, which may shrink), then the CPU/memory
+        reallocations (a victim dropping to its fair share makes the room a start is
+        given), then the starts. ``decision_problems`` checks in this order too."""
+        yield from self.preemptions
+        yield from self.resizes
+        yield from self.reallocations
+        yield from self.starts
 
     @property
     def shared_pairs(self) -> tuple[tuple[str, str], ...]:

@@ -16,7 +16,14 @@ import time
 from msgspec.structs import replace
 
 from gpusched.libs.common.schemas import DecisionSummary, JobRecord, JobState, split_problem
-from gpusched.libs.core.decision import Decision, Reallocate, Resize, Start, decision_problems
+from gpusched.libs.core.decision import (
+    Decision,
+    Preempt,
+    Reallocate,
+    Resize,
+    Start,
+    decision_problems,
+)
 from gpusched.libs.core.snapshot import Snapshot
 from gpusched.services.scheduler.live.messages import StartResult
 from gpusched.services.scheduler.live.picture import Picture
@@ -44,17 +51,17 @@ class Rounds(Picture):
         self.metrics.decided(self.policy.name, self.last_decide_ms / 1000, decision, refused)
         if refused:
             return
-        for preempt in decision.preemptions:
-            job = self.jobs.get(preempt.job_id)
-            if job is not None and job.phase == Phase.RUNNING:
-                self._stop(job, "preempt")
-        for resize in decision.resizes:
-            await self._resize(resize)
-        # the order the decision was checked in: a reallocation may free what a start uses
-        for reallocation in decision.reallocations:
-            await self._reallocate(reallocation)
-        for start in decision.starts:
-            await self._start(start, snapshot.now)
+        for change in decision.in_order():
+            if isinstance(change, Start):
+                await self._start(change, snapshot.now)
+            elif isinstance(change, Preempt):
+                job = self.jobs.get(change.job_id)
+                if job is not None and job.phase == Phase.RUNNING:
+                    self._stop(job, "preempt")
+            elif isinstance(change, Resize):
+                await self._resize(change)
+            else:
+                await self._reallocate(change)
         if decision.starts and self.first_start_at is None:
             self.first_start_at = time.time()
         started_ids = {s.job_id for s in decision.starts}

@@ -56,6 +56,14 @@ class TimelinePoint:
     running_jobs: int
 
 
+def thin(points: list[TimelinePoint], most: int) -> tuple[TimelinePoint, ...]:
+    """At most ``most`` points of a timeline, evenly spaced, and always its last."""
+    if len(points) <= most:
+        return tuple(points)
+    step = len(points) / most
+    return (*tuple(points[int(i * step)] for i in range(most)), points[-1])
+
+
 def percentile(sorted_values: list[float], q: float) -> float:
     """Nearest-rank percentile of an ascending list (q in 0..100)."""
     if not sorted_values:

@@ -18,7 +18,14 @@ from dataclasses import dataclass, replace
 
 from gpusched.libs.core.cluster import Cluster, HostUse
 from gpusched.libs.core.convergence import remaining_after_resize
-from gpusched.libs.core.decision import Decision, Reallocate, Resize, Start, decision_problems
+from gpusched.libs.core.decision import (
+    Decision,
+    Preempt,
+    Reallocate,
+    Resize,
+    Start,
+    decision_problems,
+)
 from gpusched.libs.core.job_state import Run, job_view, remaining_iterations
 from gpusched.libs.core.jobs import JobSpec
 from gpusched.libs.core.lifecycle import JobState
@@ -41,6 +48,7 @@ from gpusched.services.scheduler.simulation.results import (
     JobOutcome,
     SimResult,
     TimelinePoint,
+    thin,
 )
 from gpusched.services.scheduler.simulation.sim_job import SimJob
 
@@ -477,24 +485,21 @@ class Simulator:
         decision = self.policy.decide(snapshot)
         # the snapshot's memory is summed with the ground truth: check with the same
         # (a decision that changes nothing cannot break anything)
-        problems = (
-            decision_problems(snapshot, decision, self.truth)
-            if decision.starts or decision.preemptions or decision.resizes
-            or decision.reallocations
-            else []
-        )
+        changes = decision.changes_anything
+        problems = decision_problems(snapshot, decision, self.truth) if changes else []
         if problems:
             raise PolicyViolation("; ".join(f"{self.policy.name} {p}" for p in problems))
         self.decisions += 1
         self.last_decision = decision
-        for preempt in decision.preemptions:
-            self._preempt(preempt.job_id)
-        for resize in decision.resizes:
-            self._resize(resize)
-        for reallocate in decision.reallocations:
-            self._reallocate(reallocate)
-        for start in decision.starts:
-            self._start(start)
+        for change in decision.in_order():
+            if isinstance(change, Start):
+                self._start(change)
+            elif isinstance(change, Preempt):
+                self._preempt(change.job_id)
+            elif isinstance(change, Resize):
+                self._resize(change)
+            else:
+                self._reallocate(change)
         if decision.wake_at is not None and decision.wake_at > now:
             self.wake_version += 1
             self._push(decision.wake_at, WAKE, "", self.wake_version)
@@ -679,13 +684,6 @@ class Simulator:
             prediction=self.sizes.report() if self.sizes is not None else None,
             rho=policy.rho if isinstance(policy, ReportsRho) else None,
         )
-
-
-def thin(points: list[TimelinePoint], most: int) -> tuple[TimelinePoint, ...]:
-    if len(points) <= most:
-        return tuple(points)
-    step = len(points) / most
-    return (*tuple(points[int(i * step)] for i in range(most)), points[-1])
 
 
 def simulate(
