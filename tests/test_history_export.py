@@ -285,6 +285,31 @@ async def test_the_export_as_json_lines_reads_back_the_same(live: Api, tmp_path)
     assert from_csv == from_jsonl and [j.job_id for j in from_csv] == [job_id]
 
 
+async def test_an_export_carries_the_live_outcome_and_whatif_compares_with_it(
+    live: Api, tmp_path
+):
+    ids = [await live.submit({"name": f"w{i}", "model": "resnet50", "batch_size": 64,
+                              "iterations": 100, "gpus": 2}) for i in range(3)]
+    records = [await live.job_when(job_id, finished) for job_id in ids]
+    out = tmp_path / "h.csv"
+    code, _, err = await run_cli(cli_env(live), "history", "export", "--out", str(out))
+    assert code == 0, err
+    jobs = load_trace(out, "native").jobs
+    for job, record in zip(jobs, records, strict=True):
+        ended = [c["at"] for c in record["history"] if c["state"] == "SUCCEEDED"][-1]
+        assert job.live_state == "SUCCEEDED"
+        assert job.live_jct_s == pytest.approx(ended - record["submitted_at"], abs=1e-3)
+        assert job.live_queue_s is not None and 0 <= job.live_queue_s <= job.live_jct_s
+    code, said, err = await run_cli(cli_env(live), "history", "whatif", str(out),
+                                    "--policy", "fifo", "--policy", "sjf")
+    assert code == 0, err
+    # the table's rows: a name, then the jobs that ended
+    names = [line.split()[0] for line in said.splitlines()
+             if len(line.split()) > 1 and line.split()[1] == "3/3"]
+    assert names == ["live", "fifo", "sjf"], said
+    assert "best: " in said
+
+
 def _without_line(job: TraceJob) -> TraceJob:
     from dataclasses import replace
 

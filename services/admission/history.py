@@ -72,6 +72,12 @@ class TraceRow(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     measured_iteration_s: float | None = None
     #: the GPU model of the node that reported it (null: the record no longer says)
     measured_gpu_model: str | None = None
+    #: what really happened: seconds from submission to the job's end, of which it
+    #: waited (queued or preempted), its final state, and the live policy where known
+    live_jct_s: float | None = None
+    live_queue_s: float | None = None
+    live_state: str | None = None
+    live_policy: str | None = None
 
 
 class NodeShape(msgspec.Struct, frozen=True, kw_only=True):
@@ -183,9 +189,11 @@ def export(
     *,
     all_tenants: bool,
     tenant: str,
+    policy: str | None = None,
 ) -> HistoryExport:
     """The export of ``records`` (a tenant's, or every tenant's) in the window; 404
-    when it holds no finished job."""
+    when it holds no finished job. ``policy``, the live scheduler's where the caller
+    knows it, goes in every row's ``live_policy``."""
     registered = {node.name: node for node in nodes}
     chosen: list[JobRecord] = []
     left_out: Counter[str] = Counter()
@@ -204,7 +212,7 @@ def export(
         raise _nothing_to_export(since, until, left_out, all_tenants, tenant)
     chosen.sort(key=lambda r: (r.submitted_at, r.id))
     start = chosen[0].submitted_at
-    jobs = [_row(_trace_job(record, start, registered)) for record in chosen]
+    jobs = [_row(_trace_job(record, start, registered, policy)) for record in chosen]
     shape, spec, notes = _cluster(registered.values())
     unmeasured = sum(job.measured_iteration_s is None for job in jobs)
     if unmeasured:
@@ -237,13 +245,16 @@ def _iterations(record: JobRecord) -> int:
     return record.total_iterations
 
 
-def _trace_job(record: JobRecord, start: float, nodes: Mapping[str, NodeInfo]) -> TraceJob:
+def _trace_job(
+    record: JobRecord, start: float, nodes: Mapping[str, NodeInfo], policy: str | None = None
+) -> TraceJob:
     spec = record.spec
     submit = record.submitted_at - start
     deadline = None
     if spec.deadline is not None and spec.deadline > record.submitted_at:
         deadline = submit + (spec.deadline - record.submitted_at)
     iteration_s, gpu_model = _measured(record, nodes)
+    jct, queue = _live_times(record)
     return TraceJob(
         job_id=record.id,
         submit_time=submit,
@@ -263,7 +274,31 @@ def _trace_job(record: JobRecord, start: float, nodes: Mapping[str, NodeInfo]) -
         max_batch_size=spec.max_batch_size,
         measured_iteration_s=iteration_s,
         measured_gpu_model=gpu_model,
+        live_jct_s=jct,
+        live_queue_s=queue,
+        live_state=record.state.value,
+        live_policy=policy or None,
     )
+
+
+def _live_times(record: JobRecord) -> tuple[float | None, float | None]:
+    """``live_jct_s`` (from submission to the last change into the final state, its end)
+    and ``live_queue_s`` (the time in QUEUED or PREEMPTED before it), from the record's
+    history; None when the history does not reach the end."""
+    ended = [change.at for change in record.history if change.state == record.state]
+    if not ended or ended[-1] < record.submitted_at:
+        return None, None
+    end = ended[-1]
+    waited = 0.0
+    state, since = JobState.QUEUED, record.submitted_at
+    for change in record.history:
+        at = min(max(change.at, since), end)
+        if state.waiting:
+            waited += at - since
+        state, since = change.state, at
+    jct = end - record.submitted_at
+    # milliseconds: the clocks behind a history are no more precise than that
+    return round(jct, 3), round(min(waited, jct), 3)
 
 
 def _measured(

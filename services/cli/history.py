@@ -15,6 +15,7 @@ from rich.text import Text
 from gpusched.services.cli.client import ApiError, Endpoint, call
 from gpusched.services.cli.jobview import shown
 from gpusched.services.cli.live import TokenOption, UrlOption, _run
+from gpusched.services.cli.whatif import register as register_whatif
 
 #: the options whose values the API checks, by the query parameter they become
 WINDOW_OPTIONS = {"since": "--since", "until": "--until"}
@@ -29,6 +30,7 @@ def register(app: typer.Typer) -> None:
     history_app = typer.Typer(help="The finished jobs of a running cluster.",
                               no_args_is_help=True)
     app.add_typer(history_app, name="history")
+    register_whatif(history_app)
 
     @history_app.command("export")
     def export(

@@ -34,6 +34,7 @@ from gpusched.libs.core.traces.job import (
     TraceJob,
 )
 from gpusched.libs.core.traces.native import (
+    LIVE_FIELDS,
     NATIVE_CSV_SUFFIXES,
     NATIVE_FIELDS,
     NATIVE_JSONL_SUFFIXES,
@@ -87,6 +88,7 @@ __all__ = [
     "ALIBABA_GPU_MEM_GB",
     "ALIBABA_UNKNOWN_GPU_MEM_GB",
     "FORMATS",
+    "LIVE_FIELDS",
     "MAX_TRACE_COUNT",
     "MAX_TRACE_SECONDS",
     "NATIVE_CSV_SUFFIXES",

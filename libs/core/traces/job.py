@@ -56,6 +56,14 @@ class TraceJob:
     #: kept from an export (docs/trace-format.md), not read by the simulator
     measured_iteration_s: float | None = None
     measured_gpu_model: str | None = None
+    #: what really happened to the job on the live cluster that exported it (None: not
+    #: known, e.g. an older export): seconds from its submission to its end, seconds of
+    #: those it waited (queued or preempted), its final state and the policy that
+    #: scheduled it; kept for `gpusched history whatif`, never read by the simulator
+    live_jct_s: float | None = None
+    live_queue_s: float | None = None
+    live_state: str | None = None
+    live_policy: str | None = None
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -82,6 +90,15 @@ class TraceJob:
         measured = self.measured_iteration_s
         if measured is not None and not 0 < measured < math.inf:
             raise ValueError(f"trace job {self.job_id}: measured_iteration_s must be > 0")
+        for name, value in (("live_jct_s", self.live_jct_s), ("live_queue_s", self.live_queue_s)):
+            if value is not None and not 0 <= value < math.inf:
+                raise ValueError(f"trace job {self.job_id}: {name} must be >= 0")
+        if (
+            self.live_jct_s is not None
+            and self.live_queue_s is not None
+            and self.live_queue_s > self.live_jct_s
+        ):
+            raise ValueError(f"trace job {self.job_id}: live_queue_s exceeds live_jct_s")
 
 
 def batch_bounds_problem(

@@ -46,7 +46,14 @@ NATIVE_FIELDS = (
     "max_batch_size",
     "measured_iteration_s",
     "measured_gpu_model",
+    "live_jct_s",
+    "live_queue_s",
+    "live_state",
+    "live_policy",
 )
+#: the columns of what a live cluster really did with each job (`gpusched history
+#: export` writes them, `gpusched history whatif` reads them; the simulator ignores them)
+LIVE_FIELDS = NATIVE_FIELDS[-4:]
 NATIVE_CSV_SUFFIXES = (".csv",)
 NATIVE_JSONL_SUFFIXES = (".jsonl", ".ndjson")
 
@@ -145,6 +152,7 @@ def _native_row(line: int, row: Mapping[str, object]) -> TraceJob:
     problem = batch_bounds_problem(batch, low, high)
     if problem:
         raise BadField(*problem)
+    _live_check(row)
     return TraceJob(
         job_id=job_id(row, "job_id") if "job_id" in row else f"job-{line}",
         submit_time=submit,
@@ -177,7 +185,24 @@ def _native_row(line: int, row: Mapping[str, object]) -> TraceJob:
         measured_gpu_model=(
             _text(row, "measured_gpu_model") if "measured_gpu_model" in row else None
         ),
+        live_jct_s=(
+            seconds_field(row, "live_jct_s", positive=False) if "live_jct_s" in row else None
+        ),
+        live_queue_s=(
+            seconds_field(row, "live_queue_s", positive=False) if "live_queue_s" in row else None
+        ),
+        live_state=_text(row, "live_state") if "live_state" in row else None,
+        live_policy=_text(row, "live_policy") if "live_policy" in row else None,
     )
+
+
+def _live_check(row: Mapping[str, object]) -> None:
+    """The live outcome columns agree: a job waited no longer than it took."""
+    if "live_jct_s" in row and "live_queue_s" in row:
+        jct = seconds_field(row, "live_jct_s", positive=False)
+        queue = seconds_field(row, "live_queue_s", positive=False)
+        if queue > jct:
+            raise BadField("live_queue_s", f"waited {queue:g} s, more than live_jct_s {jct:g} s")
 
 
 _BOUNDS = ("min_batch_size", "max_batch_size")
@@ -262,6 +287,10 @@ def native_record(job: TraceJob) -> dict[str, object]:
         "max_batch_size": job.max_batch_size,
         "measured_iteration_s": job.measured_iteration_s,
         "measured_gpu_model": job.measured_gpu_model or None,
+        "live_jct_s": job.live_jct_s,
+        "live_queue_s": job.live_queue_s,
+        "live_state": job.live_state or None,
+        "live_policy": job.live_policy or None,
     }
 
 

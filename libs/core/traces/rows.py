@@ -135,6 +135,10 @@ def _shifted(j: TraceJob, t0: float) -> TraceJob:
         j.max_batch_size,
         j.measured_iteration_s,
         j.measured_gpu_model,
+        j.live_jct_s,
+        j.live_queue_s,
+        j.live_state,
+        j.live_policy,
     )
 
 
