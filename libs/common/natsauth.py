@@ -117,7 +117,7 @@ def admission() -> Permissions:
             kv_keys(subjects.JOBS_BUCKET),
             kv_keys(subjects.LIVE_BUCKET),
             # a refused submission's record and index entry removed from a full store,
-            # which takes no delete marker (AdmissionApi._withdraw)
+            # which takes no delete marker (admission's Submissions._withdraw)
             *(f"{_JS}.STREAM.PURGE.{kv_stream(b)}"
               for b in (subjects.JOBS_BUCKET, subjects.LIVE_BUCKET)),
             *_open_stores(),

@@ -1,6 +1,7 @@
-"""What the API's routes (app.py) and the dashboard's (dashboard.py) share: the tenant a
-request was authenticated as, the routes anyone may call, JSON and event-stream
-responses, and the answer while the message bus is away."""
+"""What the API's modules (app.py, middleware.py, submission.py, jobs.py, ops.py) and the
+dashboard's (dashboard.py) share: the tenant a request was authenticated as, the routes
+anyone may call, JSON and event-stream responses, the answer while the message bus is
+away, and the answer when the store fails a call while it is reachable."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import structlog
 from aiohttp import hdrs, web
 
 from gpusched.libs.common import codec
+from gpusched.services.admission.probe import store_error
 from gpusched.services.admission.problems import ProblemError
 
 log = structlog.get_logger("gpusched.admission")
@@ -33,6 +35,10 @@ EVENT_STREAM_HEADERS = {
 TENANT = web.RequestKey("tenant", str)
 #: put into an event stream's queue when the server shuts down: the stream ends
 STOP_STREAM = ("stop", b"")
+#: JetStream's error code for a store out of room (its limit, or its disk)
+INSUFFICIENT_RESOURCES = 10023
+#: when to try again after the store refused a write: a full disk takes a while to free
+STORE_RETRY_AFTER = "5"
 
 _json = msgspec.json.Encoder()
 
@@ -54,6 +60,22 @@ def unavailable() -> ProblemError:
         "the message bus is not reachable; nothing was changed, try again",
         headers={hdrs.RETRY_AFTER: "1"},
     )
+
+
+def store_failed(exc: Exception, outcome: str) -> ProblemError:
+    """The 503 of a NATS call that failed while connected: the store is full, did not
+    answer, or refused the write; ``outcome`` says what became of the request."""
+    if getattr(exc, "err_code", None) == INSUFFICIENT_RESOURCES:
+        kind, why = "store-full", "the job store is full (JetStream: insufficient resources)"
+    elif isinstance(exc, TimeoutError):
+        kind, why = "store-unavailable", (
+            "the job store did not answer in time (its disk may be full, or a NATS server "
+            "down)"
+        )
+    else:
+        kind, why = "store-unwritable", f"the job store refused the write ({store_error(exc)})"
+    return ProblemError(503, kind, f"{why}; {outcome}",
+                        headers={hdrs.RETRY_AFTER: STORE_RETRY_AFTER})
 
 
 def decode_event(data: bytes, kind: type[Any]) -> Any:
