@@ -45,6 +45,8 @@ OUTPUT_FILE = "nats-server.out"
 OUTPUT_LIMIT_BYTES = 1 << 20
 #: what nats-server logs when a write to its store failed
 STORE_WRITE_FAILURES = ("no space left on device", "critical write error")
+#: what nats-server logs once every listener is up
+READY_LINE = b"Server is ready"
 #: how often ``watching_stores`` looks, and the room a disk needs before a server whose
 #: store write failed is restarted on it
 STORE_WATCH_S = 5.0
@@ -106,6 +108,7 @@ class NatsServer:
     #: store write since the server started
     _log_read: tuple[int, int] = field(default=(0, 0), repr=False)
     _write_failed: bool = field(default=False, repr=False)
+    _launched_log: tuple[int, int] = field(default=(0, 0), repr=False)
 
     @property
     def url(self) -> str:
@@ -179,6 +182,7 @@ class NatsServer:
             write_private(self.users_file, server_authorization(self.users))
         write_private(self.config_file, self.configuration())
         self._log_read, self._write_failed = _end_of(self.log_file), False
+        self._launched_log = self._log_read
         output = self.store_dir / OUTPUT_FILE
         with contextlib.suppress(OSError):
             if output.stat().st_size > OUTPUT_LIMIT_BYTES:
@@ -201,13 +205,32 @@ class NatsServer:
                 raise RuntimeError(
                     f"nats-server exited with {self._process.returncode}: {self._last_words()}"
                 )
+            # the client port opens before the route and monitoring listeners: a server
+            # that cannot bind those exits after accepting a first connection, so it is
+            # up once it also logged that it is ready
             with contextlib.suppress(OSError), socket.create_connection(
                 (self.host, self.port), timeout=0.2
             ):
-                return self
+                if self._logged_ready():
+                    return self
             time.sleep(0.02)
         self.stop()
         raise RuntimeError(f"nats-server did not listen on {self.port} within {timeout_s} s")
+
+    def _logged_ready(self) -> bool:
+        """Whether the server logged "Server is ready" since it was launched (True where
+        its log cannot be read, to rely on the port alone)."""
+        inode, offset = self._launched_log
+        try:
+            with self.log_file.open("rb") as logged:
+                if os.fstat(logged.fileno()).st_ino != inode:  # a new or rotated file
+                    offset = 0
+                logged.seek(offset)
+                return READY_LINE in logged.read()
+        except FileNotFoundError:  # not written yet
+            return False
+        except OSError:
+            return True
 
     def _last_words(self) -> str:
         """The last line the server printed or logged, for an error."""
