@@ -298,15 +298,15 @@ async def test_an_export_carries_the_live_outcome_and_whatif_compares_with_it(
     for job, record in zip(jobs, records, strict=True):
         ended = [c["at"] for c in record["history"] if c["state"] == "SUCCEEDED"][-1]
         assert job.live_state == "SUCCEEDED"
+        assert job.live_policy == "fifo"  # the policy the leader ran
         assert job.live_jct_s == pytest.approx(ended - record["submitted_at"], abs=1e-3)
         assert job.live_queue_s is not None and 0 <= job.live_queue_s <= job.live_jct_s
     code, said, err = await run_cli(cli_env(live), "history", "whatif", str(out),
                                     "--policy", "fifo", "--policy", "sjf")
     assert code == 0, err
     # the table's rows: a name, then the jobs that ended
-    names = [line.split()[0] for line in said.splitlines()
-             if len(line.split()) > 1 and line.split()[1] == "3/3"]
-    assert names == ["live", "fifo", "sjf"], said
+    names = [line.split(" 3/3")[0].strip() for line in said.splitlines() if " 3/3 " in line]
+    assert names == ["live (fifo)", "fifo", "sjf"], said
     assert "best: " in said
 
 

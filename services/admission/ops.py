@@ -27,6 +27,7 @@ from gpusched.services.admission.http import (
     json_response,
     unavailable,
 )
+from gpusched.services.admission.leader import leader_status
 from gpusched.services.admission.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gpusched.services.admission.metrics import Metrics
 from gpusched.services.admission.openapi import build_openapi
@@ -141,8 +142,13 @@ class OpsRoutes:
             codec.decode(data, JobRecord)
             for data in self.api.jobs.records(None if everyone else [tenant])
         ]
+        # the policy the leader runs now, named in the export (whatif's live row); none
+        # where no leader answers
+        _, status = await leader_status(self.api.nc, self.api.stores.lease)
+        policy = status.get("policy")
         export = history.export(records, self.api.nodes.nodes(), since, until,
-                                all_tenants=everyone, tenant=tenant)
+                                all_tenants=everyone, tenant=tenant,
+                                policy=policy if isinstance(policy, str) else None)
         return json_response(export)
 
     async def size_error(self, request: web.Request) -> web.Response:
