@@ -39,8 +39,13 @@ BOARDS = [
 #: the job's command: saves its environment, then reports itself done
 DUMP_ENV = r"""
 import json, os
-with open(os.path.join(os.environ["GPUSCHED_CHECKPOINT_DIR"], "env.json"), "w") as f:
+# each of the job's processes (one per rank) writes it whole, then
+# renames it into place: a reader never sees two writes interleaved
+folder = os.environ["GPUSCHED_CHECKPOINT_DIR"]
+mine = os.path.join(folder, f"env-{os.getpid()}.json")
+with open(mine, "w") as f:
     json.dump(dict(os.environ), f)
+os.replace(mine, os.path.join(folder, "env.json"))
 total = int(os.environ["GPUSCHED_TOTAL_ITERATIONS"])
 with open(os.environ["GPUSCHED_PROGRESS_FILE"], "a") as f:
     f.write(json.dumps({"event": "done", "iteration": total}) + "\n")
@@ -159,6 +164,12 @@ async def test_up_with_no_flags_registers_the_nvml_gpus_as_real_and_gives_jobs_t
         })
         assert job["state"] == "SUCCEEDED", job
         view = await cluster_view(up["url"], up["token"])
+
+        def reads() -> int:
+            return sum(" read" in line for line in nvml_log.read_text().splitlines())
+
+        # a reading after the agent's first: the one NVML handle serves every reading
+        assert await wait_until(lambda: reads() > 2, timeout_s=PROCESS_WAIT_S)
     finally:
         process.send_signal(signal.SIGINT)
         await process.wait()
