@@ -182,3 +182,18 @@ def test_every_import_of_the_project_uses_its_installed_name():
         if name.split(".")[0] in {"libs", "services"}
     ]
     assert not bare, bare
+
+
+#: a module past this many lines holds more than one concept: split it along them
+MOST_LINES = 700
+
+
+def test_no_module_of_libs_or_services_is_over_700_lines():
+    modules = [p for root in ("libs", "services") for p in (ROOT / root).rglob("*.py")]
+    assert len(modules) > 100
+    too_long = {
+        str(p.relative_to(ROOT)): lines
+        for p in modules
+        if (lines := len(p.read_text(encoding="utf-8").splitlines())) > MOST_LINES
+    }
+    assert too_long == {}, f"split these along their concepts: {too_long}"
