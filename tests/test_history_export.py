@@ -191,11 +191,15 @@ async def test_finished_jobs_export_as_a_trace_the_simulator_replays(live: Api, 
     assert {row["user"] for row in rows} == {"alpha"}
     times = [row["submit_time"] for row in rows]
     assert times[0] == 0 and times == sorted(times)
+    # the nodes ran at TIME_SCALE: the trace is in the jobs' own seconds
+    assert export["time_scale"] == TIME_SCALE
     assert times[1] == pytest.approx(
-        records[second]["submitted_at"] - records[first]["submitted_at"]
+        (records[second]["submitted_at"] - records[first]["submitted_at"]) / TIME_SCALE
     )
     assert export["first_submitted_at"] == records[first]["submitted_at"]
-    assert rows[1]["deadline"] == pytest.approx(deadline - records[second]["submitted_at"])
+    assert rows[1]["deadline"] == pytest.approx(
+        (deadline - records[second]["submitted_at"]) / TIME_SCALE
+    )
     assert (rows[1]["min_batch_size"], rows[1]["max_batch_size"], rows[1]["priority"]) == (
         16, 64, 5)
     assert "deadline" not in rows[0] and "min_batch_size" not in rows[0]
@@ -299,7 +303,9 @@ async def test_an_export_carries_the_live_outcome_and_whatif_compares_with_it(
         ended = [c["at"] for c in record["history"] if c["state"] == "SUCCEEDED"][-1]
         assert job.live_state == "SUCCEEDED"
         assert job.live_policy == "fifo"  # the policy the leader ran
-        assert job.live_jct_s == pytest.approx(ended - record["submitted_at"], abs=1e-3)
+        assert job.live_jct_s == pytest.approx(
+            (ended - record["submitted_at"]) / TIME_SCALE, abs=0.2
+        )
         assert job.live_queue_s is not None and 0 <= job.live_queue_s <= job.live_jct_s
     code, said, err = await run_cli(cli_env(live), "history", "whatif", str(out),
                                     "--policy", "fifo", "--policy", "sjf")

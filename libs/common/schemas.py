@@ -181,6 +181,9 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     net_gbps: float = 100.0
     emulated: bool = True
     started_at: float = 0.0
+    #: wall seconds per second of the jobs' own time on this node: its emulated jobs run
+    #: ``--time-scale`` times as long as profiled (1.0 where jobs run as real processes)
+    time_scale: float = 1.0
 
 
 class RunningJob(msgspec.Struct, frozen=True):

@@ -125,6 +125,9 @@ class HistoryExport(msgspec.Struct, frozen=True, kw_only=True):
     cluster_spec: str | None = None
     #: what a reader of the trace should know, in words
     notes: list[str] = []
+    #: the nodes' time scale (wall seconds per second of the jobs' own time): every time
+    #: in the trace was divided by it, so the trace is in the jobs' own seconds
+    time_scale: float = 1.0
 
 
 def window(query: MultiMapping[str]) -> tuple[float | None, float | None]:
@@ -212,8 +215,9 @@ def export(
         raise _nothing_to_export(since, until, left_out, all_tenants, tenant)
     chosen.sort(key=lambda r: (r.submitted_at, r.id))
     start = chosen[0].submitted_at
-    jobs = [_row(_trace_job(record, start, registered, policy)) for record in chosen]
     shape, spec, notes = _cluster(registered.values())
+    scale = _time_scale(registered.values(), notes)
+    jobs = [_row(_trace_job(record, start, registered, policy, scale)) for record in chosen]
     unmeasured = sum(job.measured_iteration_s is None for job in jobs)
     if unmeasured:
         notes.append(
@@ -233,7 +237,28 @@ def export(
         cluster=shape,
         cluster_spec=spec,
         notes=notes,
+        time_scale=scale,
     )
+
+
+def _time_scale(nodes: Iterable[NodeInfo], notes: list[str]) -> float:
+    """The registered nodes' time scale (the most common one where they differ, said in
+    ``notes``; 1.0 without nodes)."""
+    scales = Counter(node.time_scale for node in nodes if node.time_scale > 0)
+    if not scales:
+        return 1.0
+    scale = scales.most_common(1)[0][0]
+    if len(scales) > 1:
+        notes.append(
+            f"the nodes run at different time scales ({sorted(scales)}): the trace's times "
+            f"are divided by the most common one, {scale:g}"
+        )
+    elif scale != 1.0:
+        notes.append(
+            f"the nodes run their jobs at time scale {scale:g}: the trace's times are wall "
+            f"seconds divided by it, the jobs' own seconds"
+        )
+    return scale
 
 
 def _iterations(record: JobRecord) -> int:
@@ -246,15 +271,21 @@ def _iterations(record: JobRecord) -> int:
 
 
 def _trace_job(
-    record: JobRecord, start: float, nodes: Mapping[str, NodeInfo], policy: str | None = None
+    record: JobRecord, start: float, nodes: Mapping[str, NodeInfo], policy: str | None = None,
+    scale: float = 1.0,
 ) -> TraceJob:
+    """``record`` as a trace job; its times (wall seconds) divided by ``scale``. The
+    measured iteration time is in the jobs' own seconds already (nodes report speeds so)."""
     spec = record.spec
-    submit = record.submitted_at - start
+    submit = (record.submitted_at - start) / scale
     deadline = None
     if spec.deadline is not None and spec.deadline > record.submitted_at:
-        deadline = submit + (spec.deadline - record.submitted_at)
+        deadline = submit + (spec.deadline - record.submitted_at) / scale
     iteration_s, gpu_model = _measured(record, nodes)
     jct, queue = _live_times(record)
+    if scale != 1.0:
+        jct = None if jct is None else round(jct / scale, 3)
+        queue = None if queue is None else round(queue / scale, 3)
     return TraceJob(
         job_id=record.id,
         submit_time=submit,

@@ -252,6 +252,7 @@ class NodeAgent(Actor[AgentMessage]):
             net_gbps=config.net_gbps,
             emulated=self._inventory.emulated,
             started_at=time.time(),
+            time_scale=config.time_scale if config.jobs_mode == "simulated" else 1.0,
         )
         self._registration = Registration(self._js, config.name, self._info, self.log)
         self._clocks = SimulatedClocks(
