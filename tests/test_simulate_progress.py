@@ -56,8 +56,10 @@ def test_without_a_terminal_it_announces_the_run_and_prints_a_line_per_finished_
 
 def test_ctrl_c_writes_the_policies_that_finished_and_exits_130(tmp_path: Path):
     out = tmp_path / "out"
-    # fifo finishes in about a second; synergy-las on this crowded node takes several
-    args = ("--synthetic", "1500", "--rate", "200", "--cluster", "1x8", "-p", "fifo,synergy-las")
+    # fifo finishes in seconds; synergy-las, which looks at the whole queue each decision,
+    # takes minutes on 12,000 jobs crowding one node, so the signal always comes during it
+    args = ("--synthetic", "12000", "--rate", "200", "--cluster", "1x8", "-p",
+            "fifo,synergy-las")
     process = subprocess.Popen(
         command(out, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=env(), cwd=tmp_path,
