@@ -9,9 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gpusched.libs.core.profiles.measured import parse_profile
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the check's own subprocess limit (1500 s), with room
+pytestmark = pytest.mark.timeout(1800)
 
 
 def test_the_gpu_check_runs_every_step_on_the_cpu_and_says_so(tmp_path: Path) -> None:

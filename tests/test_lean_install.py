@@ -21,6 +21,8 @@ SOURCES = ("pyproject.toml", "setup.py", "README.md", "libs", "services")
 #: generous: building the environment is seconds from pip's cache, a minute or two when
 #: every wheel is downloaded; this only stops a pip that hangs
 PIP_LIMIT_S = 900
+#: the whole of a test here: pip's limit, the index check and the venv, with room
+pytestmark = pytest.mark.timeout(PIP_LIMIT_S + 600)
 
 
 def index_reachable(python: Path) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 
@@ -419,3 +420,33 @@ async def test_an_unreadable_saved_state_is_ignored_and_the_profiles_answer(
         assert service.predictor.solo_factor("resnet50", 64, 1) == 1.0
         answer = await client.throughput(RESNET)
     assert answer.source == "profile"
+
+
+async def test_stop_ends_a_periodic_save_that_lost_its_cancellation(nats_server: NatsServer):
+    # a KV put's acknowledgement arriving as stop cancels the save loses the cancellation
+    # (asyncio.wait_for in Python 3.11): the loop slept on and stop waited for it forever
+    service = PredictorService(PredictorConfig(nats_url=nats_server.url, save_every_s=0.01))
+    await service.start()
+    saving = asyncio.Event()
+    lost = 0
+
+    async def save_losing_its_cancellation() -> None:
+        nonlocal lost
+        if lost:
+            return
+        saving.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            lost += 1
+
+    service._save_learned = save_losing_its_cancellation  # type: ignore[method-assign]
+    await asyncio.wait_for(saving.wait(), timeout=5)
+    stopping = asyncio.create_task(service.stop())
+    done, _ = await asyncio.wait({stopping}, timeout=20)  # (wait_for would cancel it)
+    if not done:
+        stopping.cancel()
+        await asyncio.wait({stopping}, timeout=20)
+    assert done, "stop still waited for the save loop after 20 s"
+    assert lost == 1
+    assert service.service_id is None

@@ -30,6 +30,7 @@ from nats.js.errors import BadRequestError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from gpusched.libs.common import codec, health, natsauth, subjects
+from gpusched.libs.common.tasks import close_within
 
 log = structlog.get_logger("gpusched.bus")
 
@@ -37,6 +38,9 @@ log = structlog.get_logger("gpusched.bus")
 STREAM_MAX_AGE_S = 7 * 24 * 3600
 #: duplicate window for Nats-Msg-Id (idempotent submission)
 DUPLICATE_WINDOW_S = 24 * 3600
+#: the longest a closing connection's drain (its subscriptions' callbacks finished, its
+#: pending messages flushed) may take before the connection is closed without it
+DRAIN_S = 5.0
 
 
 def credentials(url: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -129,10 +133,17 @@ async def connection(url: str, name: str, **options: Any) -> AsyncIterator[Clien
     try:
         yield nc
     finally:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(nc.drain(), timeout=5)
-        if not nc.is_closed:
-            await nc.close()
+        await close_connection(nc, name)
+
+
+async def close_connection(nc: Client, name: str) -> None:
+    """Drain ``nc`` for up to ``DRAIN_S``, then close it if the drain did not; each step
+    bounded (`close_within`), so that a drain or close that never ends (nats-py's drain
+    goes on after its cancellation) cannot hold up whoever closes it."""
+    if not (nc.is_closed or nc.is_draining):
+        await close_within(nc.drain(), f"{name}: nats drain", DRAIN_S)
+    if not nc.is_closed:
+        await close_within(nc.close(), f"{name}: nats close")
 
 
 async def settle(nc: Client, timeout_s: float = 5.0) -> None:

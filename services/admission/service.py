@@ -13,7 +13,8 @@ import structlog
 from aiohttp import web
 from nats.aio.client import Client
 
-from gpusched.libs.common.bus import Stores, connect
+from gpusched.libs.common.bus import Stores, close_connection, connect
+from gpusched.libs.common.tasks import STOP_TASKS_S, close_within
 from gpusched.services.admission.app import make_app
 from gpusched.services.admission.config import AdmissionConfig
 
@@ -22,6 +23,9 @@ log = structlog.get_logger("gpusched.admission")
 NATS_CLIENT_NAME = "gpusched-admission"
 #: requests still running at shutdown get this long before they are cancelled
 SHUTDOWN_TIMEOUT_S = 5.0
+#: the longest the HTTP server's cleanup may take: its requests get SHUTDOWN_TIMEOUT_S,
+#: then the app's background tasks are stopped (up to STOP_TASKS_S)
+CLEANUP_S = SHUTDOWN_TIMEOUT_S + STOP_TASKS_S + 5.0
 
 
 class AdmissionService:
@@ -79,15 +83,14 @@ class AdmissionService:
         await self._close()
 
     async def _close(self) -> None:
+        """Each step bounded (libs/common/tasks.py): one that hangs is logged and the
+        rest still close."""
         if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+            runner, self._runner = self._runner, None
+            await close_within(runner.cleanup(), "admission: HTTP server cleanup", CLEANUP_S)
         if self._nc is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._nc.drain(), timeout=5)
-            if not self._nc.is_closed:
-                await self._nc.close()
-            self._nc = None
+            nc, self._nc = self._nc, None
+            await close_connection(nc, "admission")
         self.port = None
 
 

@@ -46,6 +46,7 @@ from gpusched.libs.common.schemas import (
     StopReason,
     Telemetry,
 )
+from gpusched.libs.common.tasks import close_within
 from gpusched.libs.core.groundtruth import ProfilePerformanceModel, load_performance_model
 from gpusched.services.nodeagent.command_service import (
     serve_commands,
@@ -320,9 +321,8 @@ class NodeAgent(Actor[AgentMessage]):
 
     async def _shutdown(self) -> None:
         if self._commands is not None:
-            with contextlib.suppress(Exception):
-                await self._commands.stop()
-            self._commands = None
+            commands, self._commands = self._commands, None
+            await close_within(commands.stop(), f"node {self.config.name}: command service stop")
         if self.running:
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self.tell(_StopAll("preempt", done))

@@ -11,7 +11,6 @@ its run is listed in the node's heartbeats as exiting.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 import time
 from typing import Any
@@ -20,6 +19,7 @@ from nats.js import JetStreamContext
 
 from gpusched.libs.common import codec, subjects
 from gpusched.libs.common.schemas import JobExit, RunRef
+from gpusched.libs.common.tasks import cancel_and_wait
 from gpusched.services.nodeagent.metrics import Metrics
 from gpusched.services.nodeagent.runs import RunEnd
 
@@ -116,7 +116,4 @@ class ExitOutbox:
         _, late = await asyncio.wait(pending, timeout=timeout_s)
         for task in late:
             self._log.error("exit never delivered", job_id=self._deliveries.get(task))
-            task.cancel()
-        for task in late:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*late)

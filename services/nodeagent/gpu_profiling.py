@@ -49,6 +49,7 @@ from gpusched.libs.common.schemas import (
     NodeInfo,
     StartJob,
 )
+from gpusched.libs.common.tasks import cancel_and_wait
 from gpusched.libs.core.perf import PerformanceModel
 from gpusched.libs.core.profiles.measured import (
     ARCHITECTURES,
@@ -232,10 +233,7 @@ class GpuProfiling:
         task.add_done_callback(self._tasks.discard)
 
     async def stop(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+        await cancel_and_wait(*self._tasks)
 
     async def on_request(self, request: GpuProfileRequest) -> MeasuredProfile:
         """Measure on request and hand the figures in; answers them (handed in or not)."""

@@ -31,6 +31,7 @@ from gpusched.libs.common.schemas import (
     JobStateEvent,
     LinkProfile,
 )
+from gpusched.libs.common.tasks import cancel_and_wait
 from gpusched.libs.core.profiles.builtin import Network
 from gpusched.services.predictor.model import BaselinePredictor
 
@@ -121,10 +122,7 @@ class ComputeProfiler:
         log.info("restored compute profiles", models=sorted(self.profiles))
 
     async def stop(self) -> None:
-        for task in [*self._background, *self._measuring.values()]:
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+        await cancel_and_wait(*self._background, *self._measuring.values())
         self._measuring.clear()
 
     async def answer(self, wanted: ComputeProfileRequest) -> ComputeProfile:

@@ -18,6 +18,7 @@ from nats.micro.request import ServiceError
 from gpusched.libs.common import codec, subjects
 from gpusched.libs.common.bus import Stores
 from gpusched.libs.common.schemas import CpuProfile, CpuProfileRequest, JobRecord, JobStateEvent
+from gpusched.libs.common.tasks import cancel_and_wait
 from gpusched.services.predictor.compute_profiles import ask_node
 from gpusched.services.predictor.model import BaselinePredictor
 from gpusched.services.predictor.requests import one_line
@@ -48,10 +49,7 @@ class CpuProfiler:
         self._nc = nc
 
     async def stop(self) -> None:
-        for task in [*self._background, *self._profiling.values()]:
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+        await cancel_and_wait(*self._background, *self._profiling.values())
         self._profiling.clear()
 
     async def answer(self, wanted: CpuProfileRequest) -> CpuProfile:

@@ -75,7 +75,7 @@ from nats.micro.request import Request, ServiceError
 from nats.micro.service import Service
 
 from gpusched.libs.common import codec, natsauth, subjects
-from gpusched.libs.common.bus import Stores, connect, settle
+from gpusched.libs.common.bus import Stores, close_connection, connect, settle
 from gpusched.libs.common.retry import backoff, retry
 from gpusched.libs.common.schemas import (
     ComputeProfileRequest,
@@ -91,6 +91,7 @@ from gpusched.libs.common.schemas import (
     RemainingRequest,
     SizePredicted,
 )
+from gpusched.libs.common.tasks import cancel_and_wait, close_within
 from gpusched.libs.core.groundtruth import load_performance_model
 from gpusched.libs.core.perf import UnknownModelError
 from gpusched.services.predictor.compute_profiles import ComputeProfiler
@@ -132,6 +133,9 @@ STORED_HEADROOM_BYTES = 4096
 #: one attempt to store a predicted size, and how many (0.1 s doubling to 2 s between)
 PUBLISH_TIMEOUT_S = 2.0
 SIZE_PUBLISH_ATTEMPTS = 8
+#: the longest the save on stop may take (up to three KV puts, each of them bounded by
+#: the JetStream publish timeout) before the predictor stops without it
+SAVE_ON_STOP_S = 20.0
 
 log = structlog.get_logger("gpusched.predictor")
 
@@ -170,6 +174,8 @@ class PredictorService:
         self._learned_kv: KeyValue | None = None
         self._saved_changes = 0
         self._saver: asyncio.Task[None] | None = None
+        #: set by stop: the periodic save ends even where a cancellation was lost
+        self._stopping = False
         #: Synergy's CPU profiles (services/predictor/cpu_profiler.py)
         self.cpu = CpuProfiler(self.predictor, config.profile_timeout_s, self._save_learned)
         #: GENIE's compute profiles (services/predictor/compute_profiles.py)
@@ -187,6 +193,7 @@ class PredictorService:
         await self.stop()
 
     async def start(self) -> None:
+        self._stopping = False
         self._nc = await connect(self.config.nats_url, SERVICE_NAME)
         try:
             self._stores = await Stores.open(self._nc)
@@ -257,37 +264,36 @@ class PredictorService:
         )
 
     async def stop(self) -> None:
+        """Stop learning and answering, save what changed, close. Every step is bounded
+        (libs/common/tasks.py): one that hangs is logged and the rest still close."""
+        self._stopping = True
         if self._training is not None:
-            self._training.cancel()
-            with contextlib.suppress(BaseException):
-                await self._training
+            await cancel_and_wait(self._training)
+            self._training = None
         await self.cpu.stop()
         await self.compute.stop()
         await self.measured.stop()
         await self.sizes.stop()
         if self._saver is not None:
-            self._saver.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._saver
-            self._saver = None
-            await self._save_learned()
+            # a cancellation can be lost inside a KV put (asyncio.wait_for in Python
+            # 3.11 returns a reply that arrives as it is cancelled): cancel_and_wait
+            # cancels again, and _stopping ends the loop meanwhile
+            saver, self._saver = self._saver, None
+            await cancel_and_wait(saver)
+            await close_within(self._save_learned(), "predictor: save on stop", SAVE_ON_STOP_S)
         if self._http is not None:
-            await self._http.cleanup()
-            self._http = None
+            http, self._http = self._http, None
+            await close_within(http.cleanup(), "predictor: metrics server cleanup")
         if self._service is not None:
-            with contextlib.suppress(Exception):
-                await self._service.stop()
-            self._service = None
+            service, self._service = self._service, None
+            await close_within(service.stop(), "predictor: micro service stop")
         for subscription in self._subscriptions:
             with contextlib.suppress(Exception):
                 await subscription.unsubscribe()
         self._subscriptions = []
         nc, self._nc = self._nc, None
         if nc is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(nc.drain(), timeout=5)
-            if not nc.is_closed:
-                await nc.close()
+            await close_connection(nc, SERVICE_NAME)
             log.info("predictor stopped")
 
     @property
@@ -484,7 +490,11 @@ class PredictorService:
     def _retrain(self) -> None:
         """Retrain the progress predictor beside the event loop if that is due and no
         training runs (a training that ends checks again)."""
-        if self._training is None and self.progress.predictor.retrain_due():
+        if (
+            self._training is None
+            and not self._stopping
+            and self.progress.predictor.retrain_due()
+        ):
             self._training = asyncio.create_task(self._train(), name="progress-training")
 
     async def _train(self) -> None:
@@ -596,7 +606,7 @@ class PredictorService:
         return self.sizes.stored(limit)
 
     async def _save_periodically(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.config.save_every_s)
             await self._save_learned()
 

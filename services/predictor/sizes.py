@@ -31,7 +31,6 @@ Our design around `gpusched.libs.core.size_predictor` (the simulator's ``--predi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import OrderedDict
 from dataclasses import asdict
 from typing import Any
@@ -45,6 +44,7 @@ from gpusched.libs.common.schemas import (
     SizeErrorReport,
     SizePredicted,
 )
+from gpusched.libs.common.tasks import cancel_and_wait
 from gpusched.libs.core.jobs import JobSpec
 from gpusched.libs.core.size_predictor import (
     STORED_VERSION,
@@ -278,9 +278,7 @@ class SizeLearner:
 
     async def stop(self) -> None:
         if self._training is not None:
-            self._training.cancel()
-            with contextlib.suppress(BaseException):
-                await self._training
+            await cancel_and_wait(self._training)
             self._training = None
 
     # ---- stored form ----------------------------------------------------------------

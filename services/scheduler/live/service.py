@@ -34,7 +34,7 @@ from gpusched.libs.common.schemas import (
     JobProgressEvent,
     MeasuredProfile,
 )
-from gpusched.libs.common.tasks import cancel_and_wait
+from gpusched.libs.common.tasks import cancel_and_wait, close_within
 from gpusched.services.scheduler.config import SchedulerConfig
 from gpusched.services.scheduler.live.actor import LiveScheduler
 from gpusched.services.scheduler.live.gpu_types import GpuMeasured
@@ -99,7 +99,7 @@ class SchedulerService:
             description="gpusched scheduler: leader or hot standby",
             metadata={"instance": self.config.instance, "policy": self.config.policy},
         )
-        self._stack.push_async_callback(service.stop)
+        self._stack.push_async_callback(_stop_service, service)
         await service.add_endpoint(
             name="status",
             subject=subjects.scheduler_status(self.config.instance),
@@ -282,6 +282,10 @@ async def _progress_arrived(scheduler: LiveScheduler, msg: Msg) -> None:
         return
     if from_sender(msg, event, scheduler.metrics, "progress") is not None:
         scheduler.tell(ProgressSeen(event))
+
+
+async def _stop_service(service: micro.Service) -> None:
+    await close_within(service.stop(), "scheduler: micro service stop")
 
 
 async def _unsubscribe(sub: Any) -> None:
