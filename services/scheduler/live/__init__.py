@@ -1,7 +1,8 @@
 """The live scheduler: the simulator's policies driven by NATS instead of a virtual clock.
 
 One instance leads (it holds the KV lease); the others wait as hot standbys. The leader
-keeps its picture of the cluster in one actor (``LiveScheduler``): job records from KV,
+keeps its picture of the cluster in one actor (``LiveScheduler``, around the
+synchronous ``SchedulerCore``): job records from KV,
 nodes from their registrations and heartbeats. Each round it builds a frozen snapshot,
 asks the policy, and applies the decision by request/reply commands to node agents.
 Durable inputs (submissions, cancels, exits) come from a JetStream pull consumer and are
@@ -23,10 +24,15 @@ The package's modules, each importing only those above it in this list:
   estimates, remaining iterations, compute and GPU profiles) and ``publisher``
   (``Publisher``: job state events and decision summaries);
 - ``reports``: what a node's report proves about its sender;
-- ``picture`` (``Picture``: what the leader knows of jobs and nodes, and the steps
-  that change a job's record), ``rounds`` (``Rounds``: a round, and the application of
-  its decision) and ``actor`` (``LiveScheduler``: its inputs), one actor in three
-  modules, each class built on the one before;
+- ``effects``: what the core asks the world to do (a record to write, a command for
+  a node, a question for the predictor, news, a round);
+- the core, synchronous and free of NATS: ``picture`` (``Picture``: what the leader
+  knows of jobs and nodes, and the steps that change a job's record), ``rounds``
+  (``Rounds``: a round, and the application of its decision) and ``core``
+  (``SchedulerCore``: its inputs), each class built on the one before;
+- ``actor`` (``LiveScheduler``): the one task that owns the core, reads what an input
+  needs read, hands it to the core and carries the core's effects out through the
+  adapters;
 - ``service``: ``SchedulerService``, the lease and leadership, the consumers and
   subscriptions that feed the actor, and its status.
 
@@ -39,6 +45,7 @@ from __future__ import annotations
 from gpusched.services.scheduler.live.actor import LiveScheduler
 from gpusched.services.scheduler.live.commands import NodeCommand, NodeCommands
 from gpusched.services.scheduler.live.commands import node_share as _node_share
+from gpusched.services.scheduler.live.core import SchedulerCore
 from gpusched.services.scheduler.live.liveness import Liveness
 from gpusched.services.scheduler.live.messages import (
     Beat,
@@ -101,6 +108,7 @@ __all__ = [
     "Resync",
     "Round",
     "Rounds",
+    "SchedulerCore",
     "SchedulerService",
     "StartResult",
     "StopFailed",

@@ -1,44 +1,45 @@
 """The live scheduler's picture of the cluster, and the steps that change a job's record.
 
-``Picture`` is the part of the actor (``LiveScheduler`` builds on it, through
-``Rounds``) that holds what the leader knows: its jobs (from their records), its nodes
-(from registrations and heartbeats), the cluster they make and the performance model
-jobs are timed with; and the adapters every NATS and KV call goes through. Its methods
-are the steps every input and every decision share: take a stored record into the
-picture, write a record (``_transition``, ``_finish``, ``_requeue``, the partners of a
-shared GPU), read one back after a conflict or a failed write (``_resync``), stop a
-run. It is a module of its own so the actor's inputs (``actor.py``) and the rounds
-that apply decisions (``rounds.py``) each stay one module of readable size; only the
-actor's task calls any of these methods.
+``Picture`` is the bottom of the scheduler's synchronous core (``Rounds`` in
+``rounds.py`` and ``SchedulerCore`` in ``core.py`` build on it): what the leader knows
+of its jobs (from their records), its nodes (from registrations and heartbeats), the
+cluster they make and the performance model jobs are timed with. Its methods are the
+steps every input and every decision share: take a stored record into the picture,
+change a record (``_transition``, ``_finish``, ``_requeue``, the partners of a shared
+GPU), stop a run. None of them waits on anything: each changes the picture at once and
+lists what must follow outside it in ``effects`` (``effects.py``), which the actor
+(``actor.py``) carries out through its adapters, in order.
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import time
 from collections.abc import Sequence
 from typing import Any
 
+import structlog
 from msgspec.structs import replace
-from nats.aio.client import Client
 
-from gpusched.libs.common.actor import Actor
-from gpusched.libs.common.bus import Stores
 from gpusched.libs.common.schemas import JobRecord, JobState, StateChange
 from gpusched.libs.core.groundtruth import load_performance_model
 from gpusched.libs.core.perf import PerformanceModel, UnknownModelError
 from gpusched.services.scheduler.config import SchedulerConfig
-from gpusched.services.scheduler.live import timing
-from gpusched.services.scheduler.live.commands import NodeCommands
+from gpusched.services.scheduler.live.effects import (
+    AskComputeProfile,
+    AskEstimate,
+    AskGpuProfile,
+    Effect,
+    PublishState,
+    RequestRound,
+    StopRun,
+    UnmarkLive,
+    WriteRecord,
+)
 from gpusched.services.scheduler.live.gpu_types import GpuTypes
 from gpusched.services.scheduler.live.liveness import Liveness
-from gpusched.services.scheduler.live.messages import Message, Resync, Round
 from gpusched.services.scheduler.live.metrics import SchedulerMetrics
-from gpusched.services.scheduler.live.predictor import PredictorAsks
-from gpusched.services.scheduler.live.publisher import Publisher
-from gpusched.services.scheduler.live.registry import NodeRegistry
 from gpusched.services.scheduler.live.state import (
     Layout,
     LiveJob,
@@ -47,22 +48,22 @@ from gpusched.services.scheduler.live.state import (
     ScaledModel,
     consolidated_nodes,
 )
-from gpusched.services.scheduler.live.store import JobStore, RecordConflict
 from gpusched.services.scheduler.policies import make_policy
 
 
-class Picture(Actor[Message]):
+class Picture:
     """What the leader knows of jobs and nodes, and the steps that change a job's record
-    (see the module's docstring); ``LiveScheduler`` is the actor built on it."""
-
-    name = "scheduler"
+    (see the module's docstring)."""
 
     def __init__(
-        self, config: SchedulerConfig, nc: Client, stores: Stores,
-        metrics: SchedulerMetrics | None = None,
+        self, config: SchedulerConfig, metrics: SchedulerMetrics | None = None,
+        log: Any = None,
     ) -> None:
-        super().__init__()
         self.config = config
+        self.log = log if log is not None else structlog.get_logger("gpusched.scheduler")
+        #: what must follow outside the picture, in order (``effects.py``); the actor
+        #: takes them after each step (``take_effects``)
+        self.effects: list[Effect] = []
         self.metrics = metrics or SchedulerMetrics()
         self.policy = make_policy(config.policy, config.time_scale, config.max_resident_slowdown)
         truth: PerformanceModel = load_performance_model(config.data_dir)
@@ -90,44 +91,28 @@ class Picture(Actor[Message]):
         #: how long heartbeats waited before this actor saw them (its input lag)
         self.beat_lag_s: collections.deque[float] = collections.deque(maxlen=10_000)
         self.decide_ms: collections.deque[float] = collections.deque(maxlen=10_000)
-        #: the lease is lost: what waits in the inbox is no longer handled (``depose``)
-        self.deposed = False
-        # the adapters: every NATS and KV call of the actor goes through one of them
-        self.store = JobStore(stores, self.log)
-        self.registry = NodeRegistry(stores)
-        self.commands = NodeCommands(nc, config, self.log, self.spawn, self.tell)
-        self.predictor = PredictorAsks(
-            nc, config, self.gpu_types, lambda: self.layout.cluster if self.layout else None,
-            self.log, self.spawn, self.tell,
-        )
-        self.publisher = Publisher(nc, config.instance)
+
+    def take_effects(self) -> list[Effect]:
+        """What the steps since the last call asked for, in order; the list is emptied."""
+        effects, self.effects = self.effects, []
+        return effects
 
     # ---- taking jobs in --------------------------------------------------------------
-    async def _adopt(self, job_id: str) -> LiveJob | None:
-        """Take a stored record into the picture (a submission, a cancel)."""
-        if job_id in self.jobs:
-            return self.jobs[job_id]
-        stored = await self.store.read(job_id)
-        if stored is None:
-            return None
-        job = await self._take(job_id, *stored)
-        if job is not None:
-            await self.store.mark_live(job_id)
-        return job
-
-    async def _take(self, job_id: str, record: JobRecord, revision: int) -> LiveJob | None:
+    def take(self, job_id: str, record: JobRecord, revision: int) -> LiveJob | None:
+        """Take a stored record into the picture: the job it describes, or None where it
+        has ended (or cannot run: its model is unknown, and it fails)."""
         if job_id in self.jobs:
             return self.jobs[job_id]
         if record.state.terminal:
             self.settled.add(job_id)
-            await self.store.unmark_live(job_id)
+            self.effects.append(UnmarkLive(job_id))
             return None
         try:
             est = self._profiled_iteration_s(record)
         except UnknownModelError as exc:
             job = LiveJob(record, revision, est_iteration_s=0.0)
             self.jobs[job_id] = job
-            await self._finish(job, JobState.FAILED, str(exc))
+            self._finish(job, JobState.FAILED, str(exc))
             return None
         now = time.time()
         job = LiveJob(
@@ -149,8 +134,7 @@ class Picture(Actor[Message]):
             job.unconfirmed_start = True
         self.jobs[job_id] = job
         # the profile answers now; the predictor's (learned) figure replaces it when it comes
-        self.predictor.ask_estimate(record)
-        self.predictor.ask_compute_profile(record.current_spec.model)
+        self.effects += [AskEstimate(record), AskComputeProfile(record.current_spec.model)]
         return job
 
     def _profiled_iteration_s(self, record: JobRecord) -> float:
@@ -161,53 +145,22 @@ class Picture(Actor[Message]):
     def _request_round(self) -> None:
         if not self.round_queued:
             self.round_queued = True
-            self.tell(Round())
+            self.effects.append(RequestRound())
 
     # ---- records --------------------------------------------------------------------
-    async def _write(self, job: LiveJob, record: JobRecord) -> None:
-        """Compare-and-set the job's record (``JobStore.write``). The actor's own steps
-        call the store; this stays for callers of the one-module scheduler
-        (tests/test_scheduler_hardening.py writes through it)."""
-        await self.store.write(job, record)
+    def _write(self, job: LiveJob, record: JobRecord) -> None:
+        """The job's record is ``record`` from now on; the actor compare-and-sets it in
+        the store (a failed write reads the stored one back: ``RecordConflict``)."""
+        job.record = record
+        self.effects.append(WriteRecord(job, record))
 
-    async def _write_partner(self, partner: LiveJob, record: JobRecord) -> None:
+    def _write_partner(self, partner: LiveJob, record: JobRecord) -> None:
         """A write of another job's record on the way: its failure is that job's, read
-        back after this message, and does not stop the step under way."""
-        try:
-            await self.store.write(partner, record)
-        except RecordConflict as failed:
-            self.log.warning("partner record not written", job_id=partner.id, error=str(failed))
-            self.tell(Resync(partner.id))
+        back after this step, and does not stop the step under way."""
+        partner.record = record
+        self.effects.append(WriteRecord(partner, record, partner=True))
 
-    async def _resync(self, job_id: str, why: str) -> None:
-        """Forget our picture of a job whose record another writer changed, or whose
-        write failed, and take the stored one instead: it is newer than anything we
-        know. Until the record can be read the picture stays (forgetting the job would
-        free GPUs it may hold) and a ``Resync`` asks again."""
-        self.log.warning("reading a job's record back", job_id=job_id, why=why)
-        try:
-            stored = await self.store.read(job_id)
-        except Exception as exc:
-            self.log.warning("record not read back; trying again", job_id=job_id,
-                             error=repr(exc))
-            self._later(timing.RESYNC_RETRY_S, Resync(job_id))
-            return
-        self.jobs.pop(job_id, None)
-        self.settled.discard(job_id)
-        if stored is not None:
-            await self._take(job_id, *stored)
-        self._request_round()
-
-    def _later(self, delay_s: float, message: Message) -> None:
-        async def tell() -> None:
-            await asyncio.sleep(delay_s)
-            self.tell(message)
-
-        self.spawn(tell())
-
-    async def _transition(
-        self, job: LiveJob, state: JobState, reason: str, **changes: Any
-    ) -> None:
+    def _transition(self, job: LiveJob, state: JobState, reason: str, **changes: Any) -> None:
         now = time.time()
         record = replace(
             job.record,
@@ -216,45 +169,45 @@ class Picture(Actor[Message]):
             pending_reason=reason if state.waiting else "",
             **changes,
         )
-        await self.store.write(job, record)
+        self._write(job, record)
         self.metrics.transitioned(state.value, reason)
-        await self.publisher.job_state(job, reason)
+        self.effects.append(PublishState(job.id, state, reason, record.placement))
 
-    async def _share_with(self, job: LiveJob, partners: Sequence[str]) -> None:
+    def _share_with(self, job: LiveJob, partners: Sequence[str]) -> None:
         """A job that joins residents' GPUs is named in each resident's ``shares_with``
         too, so both records of a shared GPU name each other."""
         for partner_id in partners:
             partner = self.jobs.get(partner_id)
             if partner is not None and job.id not in partner.record.shares_with:
                 shares = [*partner.record.shares_with, job.id]
-                await self._write_partner(partner, replace(partner.record, shares_with=shares))
+                self._write_partner(partner, replace(partner.record, shares_with=shares))
 
-    async def _unshare(self, job: LiveJob) -> None:
+    def _unshare(self, job: LiveJob) -> None:
         """A job leaving its GPUs leaves its partners' ``shares_with``."""
         for partner_id in job.record.shares_with:
             partner = self.jobs.get(partner_id)
             if partner is not None and job.id in partner.record.shares_with:
                 shares = [p for p in partner.record.shares_with if p != job.id]
-                await self._write_partner(partner, replace(partner.record, shares_with=shares))
+                self._write_partner(partner, replace(partner.record, shares_with=shares))
 
-    async def _finish(self, job: LiveJob, state: JobState, reason: str, **changes: Any) -> None:
+    def _finish(self, job: LiveJob, state: JobState, reason: str, **changes: Any) -> None:
         job.settle_service(time.time())
-        await self._unshare(job)
-        await self._transition(job, state, reason, **changes)
+        self._unshare(job)
+        self._transition(job, state, reason, **changes)
         self.jobs.pop(job.id, None)
         self.settled.add(job.id)
-        await self.store.unmark_live(job.id)
+        self.effects.append(UnmarkLive(job.id))
         self._request_round()
 
-    async def _requeue(self, job: LiveJob, state: JobState, reason: str, **changes: Any) -> None:
+    def _requeue(self, job: LiveJob, state: JobState, reason: str, **changes: Any) -> None:
         job.phase = Phase.WAITING
         job.stop_reason = ""
         job.resizing_from = None
         job.unconfirmed_start = False
         job.queued_since = time.time()
         job.settle_service(job.queued_since)
-        await self._unshare(job)
-        await self._transition(job, state, reason, placement=[], shares_with=[], **changes)
+        self._unshare(job)
+        self._transition(job, state, reason, placement=[], shares_with=[], **changes)
         self._request_round()
 
     # ---- nodes, estimates, stops -----------------------------------------------------
@@ -264,20 +217,20 @@ class Picture(Actor[Message]):
             self.estimates = self.gpu_types.over(self.scaled)
         wanted = self.gpu_types.to_ask()
         if wanted is not None:
-            self.predictor.ask_gpu_profile(wanted)
+            self.effects.append(AskGpuProfile(wanted))
 
     def _reestimate(self, job: LiveJob) -> None:
         with contextlib.suppress(UnknownModelError):
             job.est_iteration_s = self._profiled_iteration_s(job.record)
-        self.predictor.ask_estimate(job.record)
+        self.effects.append(AskEstimate(job.record))
 
     def _stop(self, job: LiveJob, reason: str) -> None:
         job.phase = Phase.STOPPING
         job.stop_reason = reason
         for part in job.record.placement:
-            self.commands.stop(part.node, job.id, job.record.run_id, reason)
+            self.effects.append(StopRun(part.node, job.id, job.record.run_id, reason))
 
     def _stop_followers(self, job: LiveJob, leader: str) -> None:
         for part in job.record.placement:
             if part.node != leader:
-                self.commands.stop(part.node, job.id, job.record.run_id, "lost")
+                self.effects.append(StopRun(part.node, job.id, job.record.run_id, "lost"))

@@ -13,8 +13,7 @@ import time
 from nats.aio.client import Client
 
 from gpusched.libs.common import codec, subjects
-from gpusched.libs.common.schemas import DecisionSummary, JobStateEvent
-from gpusched.services.scheduler.live.state import LiveJob
+from gpusched.libs.common.schemas import DecisionSummary, JobState, JobStateEvent, Placement
 
 
 class Publisher:
@@ -22,18 +21,16 @@ class Publisher:
         self.nc = nc
         self.instance = instance
 
-    async def job_state(self, job: LiveJob, reason: str) -> None:
-        """The job's state as its record now holds it."""
+    async def job_state(
+        self, job_id: str, state: JobState, reason: str, placement: list[Placement]
+    ) -> None:
+        """The job's state, and its placement, as its record held them."""
         event = JobStateEvent(
-            job_id=job.id,
-            state=job.record.state,
-            at=time.time(),
-            reason=reason,
-            placement=job.record.placement,
+            job_id=job_id, state=state, at=time.time(), reason=reason, placement=placement
         )
         with contextlib.suppress(Exception):
             await self.nc.publish(
-                subjects.job_state(job.id), codec.encode(event), headers=codec.headers()
+                subjects.job_state(job_id), codec.encode(event), headers=codec.headers()
             )
 
     async def decision(self, summary: DecisionSummary) -> None:

@@ -5,8 +5,9 @@ and when jobs with deadlines should end. The results of the starts and resizes t
 node agents report (``StartResult``) are applied here too.
 
 ``Rounds`` adds these to ``Picture`` (the jobs, nodes and record steps they change) and
-``LiveScheduler`` (``actor.py``) adds the inputs; the commands themselves go out
-through ``NodeCommands`` (``commands.py``).
+``SchedulerCore`` (``core.py``) adds the inputs. Like them it waits on nothing: the
+writes and commands a round gives are effects (``effects.py``), carried out by the
+actor after it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,13 @@ from gpusched.libs.core.decision import (
     decision_problems,
 )
 from gpusched.libs.core.snapshot import Snapshot
+from gpusched.services.scheduler.live.effects import (
+    PublishDecision,
+    ReallocateRun,
+    ResizeRun,
+    StartRun,
+    StopRun,
+)
 from gpusched.services.scheduler.live.messages import StartResult
 from gpusched.services.scheduler.live.picture import Picture
 from gpusched.services.scheduler.live.state import LiveJob, Phase, build_snapshot, finish_estimates
@@ -34,9 +42,11 @@ class Rounds(Picture):
     """Rounds, and the application of their decisions (see the module's docstring)."""
 
     # ---- rounds ---------------------------------------------------------------------
-    async def _round(self) -> None:
+    def round(self) -> None:
+        """One round: a decision over a snapshot of the picture as it is now, applied."""
+        self.round_queued = False  # what changes from now on asks for a round of its own
         if self.layout is None:
-            await self._explain_all("no nodes with GPUs have registered")
+            self._explain_all("no nodes with GPUs have registered")
             return
         now = time.time()
         started = time.perf_counter()
@@ -53,25 +63,25 @@ class Rounds(Picture):
             return
         for change in decision.in_order():
             if isinstance(change, Start):
-                await self._start(change, snapshot.now)
+                self._start(change, snapshot.now)
             elif isinstance(change, Preempt):
                 job = self.jobs.get(change.job_id)
                 if job is not None and job.phase == Phase.RUNNING:
                     self._stop(job, "preempt")
             elif isinstance(change, Resize):
-                await self._resize(change)
+                self._resize(change)
             else:
-                await self._reallocate(change)
+                self._reallocate(change)
         if decision.starts and self.first_start_at is None:
             self.first_start_at = time.time()
         started_ids = {s.job_id for s in decision.starts}
         for view in snapshot.pending:
             if view.job_id not in started_ids:
-                await self._explain(self.jobs[view.job_id], decision.why(view.job_id))
+                self._explain(self.jobs[view.job_id], decision.why(view.job_id))
         for job_id, (end, run_s) in finish_estimates(snapshot, started_ids).items():
             estimated = self.jobs.get(job_id)
             if estimated is not None:
-                await self._estimate(estimated, end, run_s)
+                self._estimate(estimated, end, run_s)
         self.wake_at = decision.wake_at
         if decision.starts or decision.preemptions or decision.resizes:
             summary = DecisionSummary(
@@ -83,7 +93,7 @@ class Rounds(Picture):
                 pending=len(snapshot.pending) - len(started_ids),
                 decide_ms=self.last_decide_ms,
             )
-            await self.publisher.decision(summary)
+            self.effects.append(PublishDecision(summary))
 
     def _refused(self, snapshot: Snapshot, decision: Decision) -> bool:
         """Whether the decision breaks the cluster's limits (a GPU booked twice, memory
@@ -96,11 +106,11 @@ class Rounds(Picture):
             self.refused_decisions += 1
         return bool(problems)
 
-    async def _explain(self, job: LiveJob, reason: str) -> None:
+    def _explain(self, job: LiveJob, reason: str) -> None:
         if job.record.pending_reason != reason and not job.record.state.terminal:
-            await self.store.write(job, replace(job.record, pending_reason=reason))
+            self._write(job, replace(job.record, pending_reason=reason))
 
-    async def _estimate(self, job: LiveJob, end: float, run_s: float) -> None:
+    def _estimate(self, job: LiveJob, end: float, run_s: float) -> None:
         """Store when a job with a deadline is expected to finish, when that moved by more
         than 5 % of the time left to it (a record write per job and round otherwise)."""
         record = job.record
@@ -109,14 +119,14 @@ class Rounds(Picture):
             old is not None and abs(end - old) <= 0.05 * max(end - time.time(), 0.0)
         ):
             return
-        await self.store.write(job, replace(record, est_end_at=end, est_run_s=run_s))
+        self._write(job, replace(record, est_end_at=end, est_run_s=run_s))
 
-    async def _explain_all(self, reason: str) -> None:
+    def _explain_all(self, reason: str) -> None:
         for job in self.jobs.values():
             if job.phase == Phase.WAITING:
-                await self._explain(job, reason)
+                self._explain(job, reason)
 
-    async def _start(self, start: Start, now: float) -> None:
+    def _start(self, start: Start, now: float) -> None:
         job = self.jobs.get(start.job_id)
         if job is None or job.phase != Phase.WAITING or self.layout is None:
             return
@@ -132,7 +142,7 @@ class Rounds(Picture):
         run_id = job.record.run_id + 1
         job.phase = Phase.STARTING
         job.last_seen = time.time()
-        await self.store.write(
+        self._write(
             job,
             replace(
                 job.record,
@@ -146,7 +156,7 @@ class Rounds(Picture):
                 **shape,
             ),
         )
-        await self._share_with(job, start.shares_with)
+        self._share_with(job, start.shares_with)
         if shape:
             self._reestimate(job)
         self.log.info(
@@ -155,16 +165,17 @@ class Rounds(Picture):
             **({"cpus": start.cpus} if start.cpus is not None else {}),
             **({"mem_gb": start.mem_gb} if start.mem_gb is not None else {}),
         )
-        self.commands.start(job.record, placement)
+        self.effects.append(StartRun(job.record, placement))
 
-    async def _confirm_start(self, job: LiveJob) -> None:
+    def _confirm_start(self, job: LiveJob) -> None:
         """A run an earlier leader started is alive on its node: it runs from now on."""
         job.unconfirmed_start = False
         job.phase = Phase.RUNNING
         job.iteration_at = job.running_since = time.time()
-        await self._transition(job, JobState.RUNNING, "started")
+        self._transition(job, JobState.RUNNING, "started")
 
-    async def _start_result(self, result: StartResult) -> None:
+    def start_result(self, result: StartResult) -> None:
+        """A node's answer to a start or a resize command."""
         job = self.jobs.get(result.job_id)
         if job is None or job.record.run_id != result.run_id or job.phase != Phase.STARTING:
             return
@@ -173,8 +184,8 @@ class Rounds(Picture):
             # whichever run the node has, it checkpoints and goes; the job starts anew
             for run_id in (job.resizing_from, job.record.run_id):
                 for part in job.record.placement:
-                    self.commands.stop(part.node, job.id, run_id, "preempt")
-            await self._requeue(job, JobState.PREEMPTED, f"resize failed ({result.error})",
+                    self.effects.append(StopRun(part.node, job.id, run_id, "preempt"))
+            self._requeue(job, JobState.PREEMPTED, f"resize failed ({result.error})",
                                 preemptions=job.record.preemptions + 1)
             return
         if result.error and result.unanswered:
@@ -187,21 +198,21 @@ class Rounds(Picture):
             return
         if result.error:
             self.log.warning("start failed", job_id=job.id, error=result.error)
-            await self._requeue(job, JobState.QUEUED, f"start failed ({result.error}); retrying")
+            self._requeue(job, JobState.QUEUED, f"start failed ({result.error}); retrying")
             return
         job.phase = Phase.RUNNING
         job.iteration_at = job.running_since = time.time()
         if job.resizing_from is not None:
             job.resizing_from = None
             spec = job.record.current_spec
-            await self._transition(
+            self._transition(
                 job, JobState.RUNNING,
                 f"resized to batch {spec.batch_size} on {spec.gpus} GPUs",
             )
             return
-        await self._transition(job, JobState.RUNNING, "started")
+        self._transition(job, JobState.RUNNING, "started")
 
-    async def _resize(self, resize: Resize) -> None:
+    def _resize(self, resize: Resize) -> None:
         """In place on the job's node: one resize command. Elsewhere: a preemption, and
         the job starts again with its new shape where the next round puts it."""
         job = self.jobs.get(resize.job_id)
@@ -220,7 +231,7 @@ class Rounds(Picture):
             accum_steps=resize.accum_steps, reason=resize.reason, **shape,
         )
         if len(before) != 1 or len(placement) != 1 or before[0].node != placement[0].node:
-            await self.store.write(job, replace(job.record, **shape))
+            self._write(job, replace(job.record, **shape))
             self._reestimate(job)
             self._stop(job, "preempt")
             return
@@ -228,8 +239,8 @@ class Rounds(Picture):
         job.resizing_from = job.record.run_id
         job.phase = Phase.STARTING
         job.last_seen = now
-        await self._unshare(job)
-        await self.store.write(
+        self._unshare(job)
+        self._write(
             job,
             replace(
                 job.record,
@@ -241,22 +252,22 @@ class Rounds(Picture):
             ),
         )
         self._reestimate(job)
-        self.commands.resize(job.id, job.resizing_from, job.record.run_id, placement[0],
-                             resize.batch_size, resize.accum_steps)
+        self.effects.append(ResizeRun(job.id, job.resizing_from, job.record.run_id,
+                                      placement[0], resize.batch_size, resize.accum_steps))
 
-    async def _reallocate(self, reallocation: Reallocate) -> None:
+    def _reallocate(self, reallocation: Reallocate) -> None:
         """A running job's CPU cores and host memory change in place: each of its nodes
         re-pins the run to its share, in proportion to the job's GPUs there."""
         job = self.jobs.get(reallocation.job_id)
         if job is None or job.phase != Phase.RUNNING:
             return
         record = replace(job.record, cpus=reallocation.cpus, mem_gb=reallocation.mem_gb)
-        await self.store.write(job, record)
+        self._write(job, record)
         self.log.info(
             "reallocating job", job_id=job.id, cpus=reallocation.cpus,
             mem_gb=reallocation.mem_gb, reason=reallocation.reason,
         )
-        self.commands.reallocate(record)
+        self.effects.append(ReallocateRun(record))
 
 
 def _resize_problem(record: JobRecord, resize: Resize) -> str:
