@@ -21,7 +21,7 @@ from multidict import MultiMapping
 from gpusched.libs.common.schemas import JobRecord, JobState, NodeInfo
 from gpusched.libs.core.cluster import Cluster, Node
 from gpusched.libs.core.cluster_file import cluster_document
-from gpusched.libs.core.traces import TraceJob, native_record
+from gpusched.libs.core.traces import NativeRow, TraceJob, native_row
 from gpusched.services.admission.problems import ProblemError
 
 #: the states a job ends in, all exported
@@ -42,42 +42,6 @@ UNFINISHED = "not finished yet (queued, running or preempted)"
 
 _time = re.compile(TIME_PATTERN)
 _unix = re.compile(UNIX_SECONDS_PATTERN)
-
-
-class TraceRow(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """One job as a native trace record (the keys of the JSON-lines form); an absent
-    optional field is left out."""
-
-    job_id: str
-    #: seconds after the first exported job's submission
-    submit_time: float
-    gpus: int
-    model: str
-    batch_size: int
-    #: the iterations the job really ran
-    iterations: int
-    allow_sharing: bool = True
-    #: seconds after its submission
-    deadline: float | None = None
-    #: the tenant
-    user: str | None = None
-    cpus_per_gpu: float | None = None
-    mem_gb_per_gpu: float | None = None
-    priority: int | None = None
-    tensor_parallel: int | None = None
-    pipeline_parallel: int | None = None
-    min_batch_size: int | None = None
-    max_batch_size: int | None = None
-    #: seconds per iteration the job's last run reported, at ``batch_size`` and ``gpus``
-    measured_iteration_s: float | None = None
-    #: the GPU model of the node that reported it (null: the record no longer says)
-    measured_gpu_model: str | None = None
-    #: what really happened: seconds from submission to the job's end, of which it
-    #: waited (queued or preempted), its final state, and the live policy where known
-    live_jct_s: float | None = None
-    live_queue_s: float | None = None
-    live_state: str | None = None
-    live_policy: str | None = None
 
 
 class NodeShape(msgspec.Struct, frozen=True, kw_only=True):
@@ -117,8 +81,9 @@ class HistoryExport(msgspec.Struct, frozen=True, kw_only=True):
     states: dict[str, int]
     #: jobs submitted in the window that the trace does not hold, by reason
     left_out: dict[str, int]
-    #: the trace, ordered by submission
-    jobs: list[TraceRow]
+    #: the trace, ordered by submission: native trace records, as a .jsonl export's
+    #: lines (docs/trace-format.md "Exported history")
+    jobs: list[NativeRow]
     cluster: ClusterShape
     #: ``--cluster`` for ``gpusched simulate`` when every node has as many GPUs
     #: (``NODESxGPUS``); null otherwise or without nodes
@@ -217,7 +182,7 @@ def export(
     start = chosen[0].submitted_at
     shape, spec, notes = _cluster(registered.values())
     scale = _time_scale(registered.values(), notes)
-    jobs = [_row(_trace_job(record, start, registered, policy, scale)) for record in chosen]
+    jobs = [native_row(_trace_job(record, start, registered, policy, scale)) for record in chosen]
     unmeasured = sum(job.measured_iteration_s is None for job in jobs)
     if unmeasured:
         notes.append(
@@ -353,11 +318,6 @@ def _measured(
             model = models.most_common(1)[0][0] if models else None
     # six significant digits: a reported rate is no more precise than that
     return float(f"{spec.batch_size / rate:.6g}"), model
-
-
-def _row(job: TraceJob) -> TraceRow:
-    fields = {name: value for name, value in native_record(job).items() if value is not None}
-    return msgspec.convert(fields, TraceRow)
 
 
 def _cluster(nodes: Iterable[NodeInfo]) -> tuple[ClusterShape, str | None, list[str]]:

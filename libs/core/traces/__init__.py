@@ -38,9 +38,11 @@ from gpusched.libs.core.traces.native import (
     NATIVE_CSV_SUFFIXES,
     NATIVE_FIELDS,
     NATIVE_JSONL_SUFFIXES,
+    NativeRow,
     load_native,
     native_job,
     native_record,
+    native_row,
     write_native,
 )
 from gpusched.libs.core.traces.philly import load_philly
@@ -95,11 +97,13 @@ __all__ = [
     "NATIVE_FIELDS",
     "NATIVE_JSONL_SUFFIXES",
     "LoadedTrace",
+    "NativeRow",
     "TraceError",
     "TraceJob",
     "load_alibaba_nodes",
     "load_trace",
     "native_job",
     "native_record",
+    "native_row",
     "write_native",
 ]

@@ -9,6 +9,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TextIO
 
+import msgspec
+
 from gpusched.libs.core.traces.job import TraceError, TraceJob, batch_bounds_problem
 from gpusched.libs.core.traces.rows import (
     BadField,
@@ -25,32 +27,47 @@ from gpusched.libs.core.traces.rows import (
     seconds_field,
 )
 
+
+class NativeRow(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One job as a native trace record, as `write_native` writes it: its fields are the
+    CSV form's columns and the JSON-lines form's keys, in order (docs/trace-format.md).
+    An absent optional field is None (an empty cell; a key left out of JSON)."""
+
+    job_id: str
+    #: seconds on the trace's clock (an export: after its first job's submission)
+    submit_time: float
+    gpus: int
+    model: str | None = None
+    batch_size: int | None = None
+    #: exactly one of duration_s and iterations (an export: the iterations it ran)
+    duration_s: float | None = None
+    iterations: int | None = None
+    allow_sharing: bool = True
+    #: seconds after the job's submission
+    deadline: float | None = None
+    #: the tenant
+    user: str | None = None
+    cpus_per_gpu: float | None = None
+    mem_gb_per_gpu: float | None = None
+    priority: int | None = None
+    tensor_parallel: int | None = None
+    pipeline_parallel: int | None = None
+    min_batch_size: int | None = None
+    max_batch_size: int | None = None
+    #: seconds per iteration a live cluster measured, at ``batch_size`` and ``gpus``
+    measured_iteration_s: float | None = None
+    #: the GPU model it was measured on
+    measured_gpu_model: str | None = None
+    #: what really happened on the live cluster: seconds from submission to the job's
+    #: end, of which it waited (queued or preempted), its final state, and the policy
+    live_jct_s: float | None = None
+    live_queue_s: float | None = None
+    live_state: str | None = None
+    live_policy: str | None = None
+
+
 #: Fields of the native format, in the order `write_native` writes them.
-NATIVE_FIELDS = (
-    "job_id",
-    "submit_time",
-    "gpus",
-    "model",
-    "batch_size",
-    "duration_s",
-    "iterations",
-    "allow_sharing",
-    "deadline",
-    "user",
-    "cpus_per_gpu",
-    "mem_gb_per_gpu",
-    "priority",
-    "tensor_parallel",
-    "pipeline_parallel",
-    "min_batch_size",
-    "max_batch_size",
-    "measured_iteration_s",
-    "measured_gpu_model",
-    "live_jct_s",
-    "live_queue_s",
-    "live_state",
-    "live_policy",
-)
+NATIVE_FIELDS: tuple[str, ...] = NativeRow.__struct_fields__
 #: the columns of what a live cluster really did with each job (`gpusched history
 #: export` writes them, `gpusched history whatif` reads them; the simulator ignores them)
 LIVE_FIELDS = NATIVE_FIELDS[-4:]
@@ -267,31 +284,38 @@ def write_native(path: str | Path, jobs: Iterable[TraceJob]) -> None:
 
 def native_record(job: TraceJob) -> dict[str, object]:
     """``job`` as a native record: every field of `NATIVE_FIELDS`, None where absent."""
-    return {
-        "job_id": job.job_id,
-        "submit_time": job.submit_time,
-        "gpus": job.gpus,
-        "model": job.model,
-        "batch_size": job.batch_size,
-        "duration_s": job.duration_s,
-        "iterations": job.iterations,
-        "allow_sharing": job.allow_sharing,
-        "deadline": None if job.deadline is None else job.deadline - job.submit_time,
-        "user": job.user or None,
-        "cpus_per_gpu": job.cpus_per_gpu,
-        "mem_gb_per_gpu": job.mem_gb_per_gpu,
-        "priority": job.priority or None,
-        "tensor_parallel": None if job.tensor_parallel == 1 else job.tensor_parallel,
-        "pipeline_parallel": None if job.pipeline_parallel == 1 else job.pipeline_parallel,
-        "min_batch_size": job.min_batch_size,
-        "max_batch_size": job.max_batch_size,
-        "measured_iteration_s": job.measured_iteration_s,
-        "measured_gpu_model": job.measured_gpu_model or None,
-        "live_jct_s": job.live_jct_s,
-        "live_queue_s": job.live_queue_s,
-        "live_state": job.live_state or None,
-        "live_policy": job.live_policy or None,
-    }
+    row = native_row(job)
+    return {name: getattr(row, name) for name in NATIVE_FIELDS}
+
+
+def native_row(job: TraceJob) -> NativeRow:
+    """``job`` as the `NativeRow` `write_native` writes (its deadline relative to its
+    submission, a default value absent)."""
+    return NativeRow(
+        job_id=job.job_id,
+        submit_time=job.submit_time,
+        gpus=job.gpus,
+        model=job.model,
+        batch_size=job.batch_size,
+        duration_s=job.duration_s,
+        iterations=job.iterations,
+        allow_sharing=job.allow_sharing,
+        deadline=None if job.deadline is None else job.deadline - job.submit_time,
+        user=job.user or None,
+        cpus_per_gpu=job.cpus_per_gpu,
+        mem_gb_per_gpu=job.mem_gb_per_gpu,
+        priority=job.priority or None,
+        tensor_parallel=None if job.tensor_parallel == 1 else job.tensor_parallel,
+        pipeline_parallel=None if job.pipeline_parallel == 1 else job.pipeline_parallel,
+        min_batch_size=job.min_batch_size,
+        max_batch_size=job.max_batch_size,
+        measured_iteration_s=job.measured_iteration_s,
+        measured_gpu_model=job.measured_gpu_model or None,
+        live_jct_s=job.live_jct_s,
+        live_queue_s=job.live_queue_s,
+        live_state=job.live_state or None,
+        live_policy=job.live_policy or None,
+    )
 
 
 def _csv_cell(value: object) -> str:
