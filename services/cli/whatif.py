@@ -102,6 +102,8 @@ def _whatif(
     try:
         exported = load_trace(trace, "native").jobs
         truth, _ = build_models(data_dir)
+        # the shapes the live cluster measured are timed by what it measured
+        truth, measured_note = figures.measured_over(exported, truth, built)
         workload = load_workload(trace, "native", truth, data_dir=data_dir, cluster=built)
     except (TraceError, InputError, UnknownModelError) as exc:
         _fail(err, str(exc))
@@ -124,8 +126,9 @@ def _whatif(
         out_console.print(Text(f"live: {said}; each replay runs the iterations each job "
                                "really ran", style="dim"), soft_wrap=True)
     out_console.print(Text(figures.best_line(winner, live)), soft_wrap=True)
+    out_console.print(Text(f"timing: {measured_note}", style="dim"), soft_wrap=True)
     if out is not None:
-        _write(out_console, err, context, out, results, built, workload.notes,
+        _write(out_console, err, context, out, results, built, [*workload.notes, measured_note],
                live, replayed, winner, live_note)
 
 
