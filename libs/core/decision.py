@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -93,6 +93,27 @@ class Decision:
         yield from self.resizes
         yield from self.reallocations
         yield from self.starts
+
+    def apply(
+        self,
+        *,
+        start: Callable[[Start], object],
+        preempt: Callable[[Preempt], object],
+        resize: Callable[[Resize], object],
+        reallocate: Callable[[Reallocate], object],
+    ) -> None:
+        """Hand each change, in ``in_order``'s order, to the driver's step for its kind:
+        the one way both drivers (the simulator and the live core) apply a checked
+        decision."""
+        for change in self.in_order():
+            if isinstance(change, Start):
+                start(change)
+            elif isinstance(change, Preempt):
+                preempt(change)
+            elif isinstance(change, Resize):
+                resize(change)
+            else:
+                reallocate(change)
 
     @property
     def shared_pairs(self) -> tuple[tuple[str, str], ...]:

@@ -13,8 +13,8 @@ that fails (it goes back to its stream).
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
-from typing import Any
 
 import msgspec
 from nats.aio.client import Client
@@ -24,6 +24,7 @@ from gpusched.libs.common import codec, subjects
 from gpusched.libs.common.actor import Actor
 from gpusched.libs.common.bus import Stores
 from gpusched.libs.common.schemas import CancelRequest, Heartbeat, JobExit, JobRecord, SizePredicted
+from gpusched.libs.core.perf import PerformanceModel
 from gpusched.services.scheduler.config import SchedulerConfig
 from gpusched.services.scheduler.live import timing
 from gpusched.services.scheduler.live.commands import NodeCommands
@@ -46,7 +47,8 @@ from gpusched.services.scheduler.live.effects import (
     WriteRecord,
     job_of,
 )
-from gpusched.services.scheduler.live.gpu_types import GpuMeasured
+from gpusched.services.scheduler.live.gpu_types import GpuMeasured, GpuTypes
+from gpusched.services.scheduler.live.liveness import Liveness
 from gpusched.services.scheduler.live.messages import (
     Beat,
     ComputeMeasured,
@@ -69,8 +71,9 @@ from gpusched.services.scheduler.live.predictor import PredictorAsks
 from gpusched.services.scheduler.live.publisher import Publisher
 from gpusched.services.scheduler.live.registry import NodeRegistry
 from gpusched.services.scheduler.live.reports import from_sender
-from gpusched.services.scheduler.live.state import LiveJob, LiveNode
+from gpusched.services.scheduler.live.state import Layout, LiveJob, LiveNode, ScaledModel
 from gpusched.services.scheduler.live.store import JobStore, RecordConflict
+from gpusched.services.scheduler.policies.base import Policy
 
 #: effects still carried out after a record write failed: questions and a round, which
 #: depend on no job's record
@@ -112,19 +115,65 @@ class LiveScheduler(Actor[Message]):
         return self.core.nodes
 
     @property
-    def policy(self) -> Any:
+    def policy(self) -> Policy:
         return self.core.policy
 
     @policy.setter
-    def policy(self, policy: Any) -> None:
+    def policy(self, policy: Policy) -> None:
         self.core.policy = policy
 
-    def __getattr__(self, name: str) -> Any:
-        # the core's figures and models (layout, estimates, metrics, liveness, rounds,
-        # decide_ms, ...): read through the actor, owned by the core
-        if name == "core":
-            raise AttributeError(name)
-        return getattr(self.core, name)
+    # the core's figures and models, read through the actor (the service's status, benches)
+    @property
+    def layout(self) -> Layout | None:
+        return self.core.layout
+
+    @property
+    def estimates(self) -> PerformanceModel:
+        return self.core.estimates
+
+    @property
+    def scaled(self) -> ScaledModel:
+        return self.core.scaled
+
+    @property
+    def gpu_types(self) -> GpuTypes:
+        return self.core.gpu_types
+
+    @property
+    def metrics(self) -> SchedulerMetrics:
+        return self.core.metrics
+
+    @property
+    def liveness(self) -> Liveness:
+        return self.core.liveness
+
+    @property
+    def settled(self) -> set[str]:
+        return self.core.settled
+
+    @property
+    def rounds(self) -> int:
+        return self.core.rounds
+
+    @property
+    def refused_decisions(self) -> int:
+        return self.core.refused_decisions
+
+    @property
+    def last_decide_ms(self) -> float:
+        return self.core.last_decide_ms
+
+    @property
+    def decide_ms(self) -> collections.deque[float]:
+        return self.core.decide_ms
+
+    @property
+    def beat_lag_s(self) -> collections.deque[float]:
+        return self.core.beat_lag_s
+
+    @property
+    def first_start_at(self) -> float | None:
+        return self.core.first_start_at
 
     def depose(self) -> None:
         """No longer the leader: queued messages are not handled from now on (stored

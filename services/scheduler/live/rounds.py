@@ -61,17 +61,10 @@ class Rounds(Picture):
         self.metrics.decided(self.policy.name, self.last_decide_ms / 1000, decision, refused)
         if refused:
             return
-        for change in decision.in_order():
-            if isinstance(change, Start):
-                self._start(change, snapshot.now)
-            elif isinstance(change, Preempt):
-                job = self.jobs.get(change.job_id)
-                if job is not None and job.phase == Phase.RUNNING:
-                    self._stop(job, "preempt")
-            elif isinstance(change, Resize):
-                self._resize(change)
-            else:
-                self._reallocate(change)
+        decision.apply(
+            start=self._start, preempt=self._preempt, resize=self._resize,
+            reallocate=self._reallocate,
+        )
         if decision.starts and self.first_start_at is None:
             self.first_start_at = time.time()
         started_ids = {s.job_id for s in decision.starts}
@@ -126,7 +119,12 @@ class Rounds(Picture):
             if job.phase == Phase.WAITING:
                 self._explain(job, reason)
 
-    def _start(self, start: Start, now: float) -> None:
+    def _preempt(self, preempt: Preempt) -> None:
+        job = self.jobs.get(preempt.job_id)
+        if job is not None and job.phase == Phase.RUNNING:
+            self._stop(job, "preempt")
+
+    def _start(self, start: Start) -> None:
         job = self.jobs.get(start.job_id)
         if job is None or job.phase != Phase.WAITING or self.layout is None:
             return

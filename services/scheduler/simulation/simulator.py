@@ -491,21 +491,16 @@ class Simulator:
             raise PolicyViolation("; ".join(f"{self.policy.name} {p}" for p in problems))
         self.decisions += 1
         self.last_decision = decision
-        for change in decision.in_order():
-            if isinstance(change, Start):
-                self._start(change)
-            elif isinstance(change, Preempt):
-                self._preempt(change.job_id)
-            elif isinstance(change, Resize):
-                self._resize(change)
-            else:
-                self._reallocate(change)
+        decision.apply(
+            start=self._start, preempt=self._preempt, resize=self._resize,
+            reallocate=self._reallocate,
+        )
         if decision.wake_at is not None and decision.wake_at > now:
             self.wake_version += 1
             self._push(decision.wake_at, WAKE, "", self.wake_version)
 
-    def _preempt(self, job_id: str) -> None:
-        job = self.jobs[job_id]
+    def _preempt(self, preempt: Preempt) -> None:
+        job = self.jobs[preempt.job_id]
         self._settle(job)
         partners = self._release(job)
         job.state = JobState.PREEMPTED
