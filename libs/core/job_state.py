@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpusched.libs.core.elastic import Elastic
 from gpusched.libs.core.lifecycle import JobState
 from gpusched.libs.core.size_predictor import OVERRUN_SHARE
 from gpusched.libs.core.snapshot import JobView
@@ -78,13 +79,14 @@ def job_view(
     oracle_remaining_s: float | None = None,
     tensor_parallel: int = 1,
     pipeline_parallel: int = 1,
+    elastic: Elastic | None = None,
 ) -> JobView:
     """The job as a policy sees it, from the fields each driver keeps in its own record
     of a job (the simulator's ``SimJob``, the live scheduler's ``LiveJob``): RUNNING with
     ``run``'s fields while it holds GPUs, else QUEUED with no GPUs, one accumulation
     step, no progress, no start and the proportional share. ``est_remaining_s`` and
     ``attained_gpu_s`` are as of ``as_of`` (see ``JobView``); ``oracle_remaining_s`` only
-    a simulator knows."""
+    a simulator knows; ``elastic``, the bounds the job declares (None: none)."""
     held = _NO_RUN if run is None else run
     return JobView(
         job_id=job_id,
@@ -112,4 +114,5 @@ def job_view(
         priority=priority,
         tensor_parallel=tensor_parallel,
         pipeline_parallel=pipeline_parallel,
+        elastic=elastic,
     )

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from gpusched.libs.core.elastic import Elastic, bounds_problem
 from gpusched.libs.core.parallelism import Degrees
 from gpusched.libs.core.shape import JobShape
 
@@ -42,6 +43,15 @@ class JobSpec:
     #: tensor and pipeline parallel degrees; data parallel = gpus / (tensor * pipeline)
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
+    #: the elastic bounds the job declares (None: none); a job that declares any is
+    #: elastic, and a policy that sizes jobs keeps it within them
+    #: (``gpusched.libs.core.elastic``)
+    min_gpus: int | None = None
+    max_gpus: int | None = None
+    min_batch_size: int | None = None
+    max_batch_size: int | None = None
+    #: the four bounds as one value, None for a job that declares none (set from them)
+    elastic: Elastic | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.job_id or "." in self.job_id or any(c.isspace() for c in self.job_id):
@@ -72,6 +82,11 @@ class JobSpec:
                 f"job {self.job_id}: tensor_parallel {self.tensor_parallel} x "
                 f"pipeline_parallel {self.pipeline_parallel} must divide gpus {self.gpus}"
             )
+        bounds = (self.min_gpus, self.max_gpus, self.min_batch_size, self.max_batch_size)
+        problem = bounds_problem(self.gpus, self.batch_size, *bounds)
+        if problem:
+            raise ValueError(f"job {self.job_id}: {problem[1]}")
+        object.__setattr__(self, "elastic", Elastic.of(*bounds))
 
     @property
     def degrees(self) -> Degrees:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpusched.libs.core.cluster import Cluster, HostUse
+from gpusched.libs.core.elastic import Elastic
 from gpusched.libs.core.lifecycle import JobState
 from gpusched.libs.core.perf import PerformanceModel
 
@@ -66,6 +67,9 @@ class JobView:
     #: ``FreeGpus.take_parallel``
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
+    #: the elastic bounds the job declares (``gpusched.libs.core.elastic``); None: none,
+    #: or a driver that passes none. A policy that sizes jobs keeps a job within them
+    elastic: Elastic | None = None
 
     @property
     def running(self) -> bool:

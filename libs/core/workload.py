@@ -180,7 +180,7 @@ def materialize(
                 f"job {job.job_id} (line {job.line}): unknown model {model!r}; "
                 f"valid models: {', '.join(sorted(known))}"
             )
-        batch = max(job.batch_size or perf.default_batch_size(model), job.gpus)
+        batch = max(job.batch_size or _default_batch(job, perf.default_batch_size(model)), job.gpus)
         iterations: float
         if job.iterations is not None:
             iterations = job.iterations
@@ -214,6 +214,15 @@ def _checked_picker(
     return _Picker(chosen, random.Random(seed))
 
 
+def _default_batch(job: TraceJob, default: int) -> int:
+    """The model's default batch, moved into the batch bounds the job declares."""
+    if job.min_batch_size is not None:
+        default = max(default, job.min_batch_size)
+    if job.max_batch_size is not None:
+        default = min(default, job.max_batch_size)
+    return default
+
+
 def _spec(job: TraceJob, model: str, batch: int, iterations: float) -> JobSpec:
     return JobSpec(
         job_id=job.job_id,
@@ -230,6 +239,10 @@ def _spec(job: TraceJob, model: str, batch: int, iterations: float) -> JobSpec:
         priority=job.priority,
         tensor_parallel=job.tensor_parallel,
         pipeline_parallel=job.pipeline_parallel,
+        min_gpus=job.min_gpus,
+        max_gpus=job.max_gpus,
+        min_batch_size=job.min_batch_size,
+        max_batch_size=job.max_batch_size,
     )
 
 

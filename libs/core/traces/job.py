@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from gpusched.libs.core.elastic import bounds_problem
+
 #: Largest time a trace may state, in seconds (about 317 years; Philly spans one). Near
 #: 1e20 s two neighbouring floats are hours apart, so a short job there would end at the
 #: very moment it starts; a larger value is refused as a malformed field.
@@ -47,10 +49,12 @@ class TraceJob:
     #: tensor and pipeline parallel degrees (their product divides ``gpus``)
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
-    #: the elastic bounds of the global batch the user gave (None: none given); kept
-    #: from a live cluster's export, not yet read by the simulator's policies
+    #: the elastic bounds of the global batch and of the GPU count the job declares
+    #: (None: none given); see ``gpusched.libs.core.elastic``
     min_batch_size: int | None = None
     max_batch_size: int | None = None
+    min_gpus: int | None = None
+    max_gpus: int | None = None
     #: seconds per iteration a live cluster measured for this job at its ``batch_size``
     #: and ``gpus``, on GPUs of ``measured_gpu_model`` (None: not measured / not known);
     #: kept from an export (docs/trace-format.md), not read by the simulator
@@ -84,7 +88,14 @@ class TraceJob:
             raise ValueError(
                 f"trace job {self.job_id}: tensor_parallel x pipeline_parallel must divide gpus"
             )
-        problem = batch_bounds_problem(self.batch_size, self.min_batch_size, self.max_batch_size)
+        problem = bounds_problem(
+            self.gpus,
+            self.batch_size,
+            self.min_gpus,
+            self.max_gpus,
+            self.min_batch_size,
+            self.max_batch_size,
+        )
         if problem:
             raise ValueError(f"trace job {self.job_id}: {problem[1]}")
         measured = self.measured_iteration_s
@@ -99,23 +110,6 @@ class TraceJob:
             and self.live_queue_s > self.live_jct_s
         ):
             raise ValueError(f"trace job {self.job_id}: live_queue_s exceeds live_jct_s")
-
-
-def batch_bounds_problem(
-    batch: int | None, low: int | None, high: int | None
-) -> tuple[str, str] | None:
-    """(field, what is wrong) when the elastic bounds ``low``..``high`` of a global batch
-    are below 1, cross, or leave out ``batch`` itself; None when they are fine."""
-    for name, bound in (("min_batch_size", low), ("max_batch_size", high)):
-        if bound is not None and bound < 1:
-            return name, f"{name} must be >= 1, got {bound}"
-    if low is not None and high is not None and low > high:
-        return "min_batch_size", f"min_batch_size {low} is above max_batch_size {high}"
-    if batch is not None and low is not None and low > batch:
-        return "min_batch_size", f"min_batch_size {low} is above batch_size {batch}"
-    if batch is not None and high is not None and high < batch:
-        return "max_batch_size", f"max_batch_size {high} is below batch_size {batch}"
-    return None
 
 
 @dataclass

@@ -11,7 +11,8 @@ from typing import TextIO
 
 import msgspec
 
-from gpusched.libs.core.traces.job import TraceError, TraceJob, batch_bounds_problem
+from gpusched.libs.core.elastic import BOUND_FIELDS, bounds_problem
+from gpusched.libs.core.traces.job import TraceError, TraceJob
 from gpusched.libs.core.traces.rows import (
     BadField,
     Collected,
@@ -54,6 +55,9 @@ class NativeRow(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     pipeline_parallel: int | None = None
     min_batch_size: int | None = None
     max_batch_size: int | None = None
+    #: the elastic bounds of the GPU count (docs/trace-format.md)
+    min_gpus: int | None = None
+    max_gpus: int | None = None
     #: seconds per iteration a live cluster measured, at ``batch_size`` and ``gpus``
     measured_iteration_s: float | None = None
     #: the GPU model it was measured on
@@ -165,15 +169,18 @@ def _native_row(line: int, row: Mapping[str, object]) -> TraceJob:
     submit = seconds_field(row, "submit_time", positive=False)
     relative_deadline = seconds_field(row, "deadline", positive=True) if "deadline" in row else None
     batch = int_field(row, "batch_size") if "batch_size" in row else None
-    low, high = (int_field(row, name) if name in row else None for name in _BOUNDS)
-    problem = batch_bounds_problem(batch, low, high)
+    gpus = int_field(row, "gpus")
+    low_gpus, high_gpus, low, high = (
+        int_field(row, name) if name in row else None for name in BOUND_FIELDS
+    )
+    problem = bounds_problem(gpus, batch, low_gpus, high_gpus, low, high)
     if problem:
         raise BadField(*problem)
     _live_check(row)
     return TraceJob(
         job_id=job_id(row, "job_id") if "job_id" in row else f"job-{line}",
         submit_time=submit,
-        gpus=int_field(row, "gpus"),
+        gpus=gpus,
         model=_text(row, "model") if "model" in row else None,
         batch_size=batch,
         duration_s=seconds_field(row, "duration_s", positive=True) if has_duration else None,
@@ -195,6 +202,8 @@ def _native_row(line: int, row: Mapping[str, object]) -> TraceJob:
         ),
         min_batch_size=low,
         max_batch_size=high,
+        min_gpus=low_gpus,
+        max_gpus=high_gpus,
         measured_iteration_s=(
             seconds_field(row, "measured_iteration_s", positive=True)
             if "measured_iteration_s" in row else None
@@ -220,9 +229,6 @@ def _live_check(row: Mapping[str, object]) -> None:
         queue = seconds_field(row, "live_queue_s", positive=False)
         if queue > jct:
             raise BadField("live_queue_s", f"waited {queue:g} s, more than live_jct_s {jct:g} s")
-
-
-_BOUNDS = ("min_batch_size", "max_batch_size")
 
 
 def _degrees(row: Mapping[str, object]) -> dict[str, int]:
@@ -309,6 +315,8 @@ def native_row(job: TraceJob) -> NativeRow:
         pipeline_parallel=None if job.pipeline_parallel == 1 else job.pipeline_parallel,
         min_batch_size=job.min_batch_size,
         max_batch_size=job.max_batch_size,
+        min_gpus=job.min_gpus,
+        max_gpus=job.max_gpus,
         measured_iteration_s=job.measured_iteration_s,
         measured_gpu_model=job.measured_gpu_model or None,
         live_jct_s=job.live_jct_s,

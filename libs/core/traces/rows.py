@@ -133,6 +133,8 @@ def _shifted(j: TraceJob, t0: float) -> TraceJob:
         j.pipeline_parallel,
         j.min_batch_size,
         j.max_batch_size,
+        j.min_gpus,
+        j.max_gpus,
         j.measured_iteration_s,
         j.measured_gpu_model,
         j.live_jct_s,

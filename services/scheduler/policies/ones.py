@@ -87,6 +87,11 @@ Where this differs from the method's description (DESIGN.md section 5, ONES), an
   beside 16 idle ones; mean of workloads 1-8 2,451 -> 2,420 s).
 - The simulator decides only at events, so while jobs run or wait the policy asks to be
   woken every ``min_run_s`` seconds.
+- A job that declares elastic bounds (``JobView.elastic``, ours) is sized only within
+  them: its ladder of GPU counts is moved into ``min_gpus``..``max_gpus`` (a new job
+  starts on ``min_gpus``), a declared ``max_gpus`` replaces the cap of 4x the GPUs it
+  asked for, and only batches within ``min_batch_size``..``max_batch_size`` are tried
+  (``ones_jobs.within_batch_bounds``). A job that declares none is sized as above.
 
 What we added so the search scales (ours, not the method's):
 
@@ -131,6 +136,7 @@ from gpusched.services.scheduler.policies.ones_jobs import (
     doubling_floor,
     largest_useful_batch,
     samples_at,
+    within_batch_bounds,
 )
 from gpusched.services.scheduler.policies.ones_moves import decision_of
 from gpusched.services.scheduler.policies.ones_problem import NONE, SearchProblem
@@ -302,6 +308,7 @@ class Ones:
             remaining_iters = view.remaining_s(now) / iter_now if iter_now > 0 else 0.0
             samples = remaining_iters * view.batch_size
             curve = curve_of(snapshot, view.model)
+            bounds = view.elastic
             if not view.running:
                 kind = "new"
                 # a new job starts on one GPU, a preempted one at half its last size (or,
@@ -314,7 +321,11 @@ class Ones:
                 ladder = [view.gpus]
             else:
                 kind = "running"
-                limit = min(total, GROWTH_LIMIT * asked_gpus, 2 * view.gpus)
+                # a declared max_gpus replaces ONES's cap of 4x the GPUs asked for
+                cap = GROWTH_LIMIT * asked_gpus
+                if bounds is not None and bounds.max_gpus is not None:
+                    cap = bounds.max_gpus
+                limit = min(total, cap, 2 * view.gpus)
                 ladder = []
                 n = 1
                 while n <= limit:
@@ -323,6 +334,8 @@ class Ones:
                 if view.gpus not in ladder:
                     ladder.append(view.gpus)
                     ladder.sort()
+            if bounds is not None:
+                ladder = sorted({bounds.gpus_within(n) for n in ladder})
             cost: dict[int, tuple[float, int, int]] = {}
             for n in ladder:
                 if n == view.gpus and view.running:
@@ -331,6 +344,8 @@ class Ones:
                     choices = batch_choices(batch_at(n), base, n, largest)
                 else:
                     choices = [batch_at(n)]
+                if bounds is not None and not (n == view.gpus and view.running):
+                    choices = within_batch_bounds(choices, bounds, n)
                 best: tuple[float, int, int] | None = None
                 for batch in choices:
                     accum, iter_s = self._shape(snapshot, view, batch, n)

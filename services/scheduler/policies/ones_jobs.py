@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpusched.libs.core.convergence import Convergence
+from gpusched.libs.core.elastic import Elastic
 from gpusched.libs.core.perf import ConvergenceSource
 from gpusched.libs.core.snapshot import JobView, Snapshot
 
@@ -64,6 +65,18 @@ def batch_choices(ones_batch: int, base: int, n: int, largest: int) -> list[int]
         if batch not in found:
             found.append(batch)
     return found
+
+
+def within_batch_bounds(choices: list[int], bounds: Elastic, n: int) -> list[int]:
+    """The batches of ``choices`` a job of ``bounds`` may run at on ``n`` GPUs (at least
+    one sample a GPU); where none is, the first moved into the bounds; none where no
+    batch within them gives every GPU a sample."""
+    low = max(bounds.min_batch_size, n)
+    high = bounds.max_batch_size
+    if high is not None and high < low:
+        return []
+    kept = [b for b in choices if low <= b and (high is None or b <= high)]
+    return kept or [bounds.batch_within(max(choices[0], n))]
 
 
 def worth_growing(job: SearchJob, restart_s: float) -> int:

@@ -295,6 +295,7 @@ class Simulator:
             oracle_remaining_s=job.remaining * job.exclusive_iter,
             tensor_parallel=spec.tensor_parallel,
             pipeline_parallel=spec.pipeline_parallel,
+            elastic=spec.elastic,
         )
 
     @staticmethod
