@@ -88,7 +88,9 @@ class RecurringConfig:
 
 
 @dataclass(frozen=True)
-class _Template:
+class Template:
+    """One job a user submits again and again (its variants differ in size)."""
+
     user: str
     model: str
     dataset: str
@@ -122,13 +124,15 @@ def _family(model: str) -> str:
     return "image"
 
 
-def _templates(
+def make_templates(
     rng: random.Random,
     perf: PerformanceModel,
     cluster: Cluster | None,
     users: int,
     config: RecurringConfig,
-) -> list[_Template]:
+) -> list[Template]:
+    """``config.templates_per_user`` templates for each of ``users`` users, drawn with
+    ``rng`` (see the module's text), sized for ``cluster`` where given."""
     known = set(perf.models())
     mix = {m: w for m, w in MODEL_MIX.items() if m in known and w > 0}
     if not mix:
@@ -153,7 +157,7 @@ def _templates(
             alone_s = rng.lognormvariate(mu, config.run_time_sigma)
             iter_s = perf.iteration_time(model, batch, gpus, nodes, 1)
             templates.append(
-                _Template(
+                Template(
                     user=user,
                     model=model,
                     dataset=rng.choice(DATASETS[_family(model)]),
@@ -186,7 +190,7 @@ def recurring_jobs(
         raise ValueError(f"arrival_rate_per_h must be > 0, got {arrival_rate_per_h}")
     rng = random.Random(f"recurring:{seed}")
     users = config.users or default_users(n_jobs)
-    templates = _templates(rng, perf, cluster, users, config)
+    templates = make_templates(rng, perf, cluster, users, config)
     popularity = [1.0 / (rank + 1) ** 0.8 for rank in range(len(templates))]
     rng.shuffle(popularity)
     submitted = [0] * len(templates)
@@ -227,4 +231,3 @@ def recurring_jobs(
         load = gpu_s / (now * cluster.total_gpus)
         note += f"; offered load {load:.2f} of {cluster.total_gpus} GPUs"
     return jobs, note
-

@@ -19,6 +19,7 @@ from gpusched.libs.core.cluster import Cluster
 from gpusched.libs.core.groundtruth import SPEED_MODELS, NoisyEstimates, load_performance_model
 from gpusched.libs.core.jobs import JobSpec
 from gpusched.libs.core.measured import read_over
+from gpusched.libs.core.mixed import mixed_jobs, mixed_spec
 from gpusched.libs.core.perf import PerformanceModel
 from gpusched.libs.core.recurring import recurring_count, recurring_jobs
 from gpusched.libs.core.size_predictor import PREDICTORS
@@ -152,9 +153,9 @@ def load_workload(
     mix: Mapping[str, float] | None = None,
     cluster: Cluster | None = None,
 ) -> Workload:
-    """Read (or, for ``synthetic:N``, generate) trace jobs and make them runnable on
-    ``cluster``: a job given a run time takes that long alone there (see `materialize`;
-    without a cluster, on 8-GPU nodes)."""
+    """Read (or, for ``synthetic:N``, ``recurring:N`` and ``mixed:N``, generate) trace
+    jobs and make them runnable on ``cluster``: a job given a run time takes that long
+    alone there (see `materialize`; without a cluster, on 8-GPU nodes)."""
     _check_mix(mix, perf)
     try:
         recurring = recurring_count(str(trace))
@@ -164,6 +165,9 @@ def load_workload(
                 n, perf, seed=seed, arrival_rate_per_h=rate_per_h, cluster=cluster
             )
             return Workload(jobs, [line])
+        mixed = _mixed_workload(str(trace), perf, seed, rate_per_h, limit, cluster)
+        if mixed is not None:
+            return mixed
     except ValueError as exc:
         raise InputError(str(exc)) from None
     count = synthetic_count(str(trace))
@@ -179,6 +183,31 @@ def load_workload(
     )
     specs = _materialize(loaded.jobs, perf, seed, mix, cluster)
     return Workload(specs, loaded.notes, loaded.skipped_rows)
+
+
+def _mixed_workload(
+    trace: str,
+    perf: PerformanceModel,
+    seed: int,
+    rate_per_h: float,
+    limit: int | None,
+    cluster: Cluster | None,
+) -> Workload | None:
+    """The mixed workload of ``mixed:N[,KEY=VALUE...]`` (`gpusched.libs.core.mixed`),
+    None for any other trace; at ``load=`` where it sets one, else at ``rate_per_h``."""
+    found = mixed_spec(trace)
+    if found is None:
+        return None
+    count, config = found
+    if cluster is None:
+        raise InputError(f"--trace {trace!r}: a mixed workload is drawn for a cluster; give one")
+    n = count if limit is None else min(count, limit)
+    jobs, line = mixed_jobs(n, perf, cluster, seed=seed, arrival_rate_per_h=rate_per_h,
+                            config=config)  # fmt: skip
+    notes = [line]
+    if config.load is not None:
+        notes.append("the arrival rate follows load=, not --rate")
+    return Workload(jobs, notes)
 
 
 def _check_mix(mix: Mapping[str, float] | None, perf: PerformanceModel) -> None:
