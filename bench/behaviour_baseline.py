@@ -137,13 +137,22 @@ def main() -> None:
         print(f"skipped: no traces/philly/philly.csv under {args.data_dir}")
         sys.exit(0)
     began = time.perf_counter()
-    figures = run(args.data_dir, args.policy or list(POLICIES))
+    names = args.policy or list(POLICIES)
+    stored = json.loads(Path(args.check).read_text()) if args.check else None
+    if stored is not None and not args.policy:
+        # a policy added since the stored run has nothing to be compared with
+        new = [n for n in names if n not in stored["policies"]]
+        if new:
+            print(f"not compared, not in {args.check}: {', '.join(new)}")
+        names = [n for n in names if n in stored["policies"]]
+    figures = run(args.data_dir, names)
     print(f"all runs: {time.perf_counter() - began:.0f} s")
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")
         print(f"wrote {args.out}")
     if args.check:
-        found = differences(json.loads(Path(args.check).read_text()), figures)
+        assert stored is not None
+        found = differences(stored, figures)
         for line in found:
             print(f"DIFFERENT {line}")
         checked = ", ".join(figures["policies"])

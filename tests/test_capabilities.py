@@ -31,14 +31,14 @@ def test_every_policy_declares_its_capabilities(name: str) -> None:
     assert can.resizes == (name == "ones")
     assert can.shares_gpus == (name in ("sjf-ffs", "sjf-bsbf"))
     assert can.tunes_cpu_mem == name.startswith("synergy-")
-    assert (can.without_deadlines is not None) == (name in ("edf", "genie"))
+    assert (can.without_deadlines is not None) == (name in ("edf", "genie", "auto"))
     assert bool(can.extra_sorts) == (name == "tiresias")
 
 
 def test_the_protocols_name_what_takes_an_argument_or_changes_during_a_run() -> None:
-    assert RESIDENT_CAP_POLICIES == ("sjf-ffs", "sjf-bsbf")
+    assert RESIDENT_CAP_POLICIES == ("sjf-ffs", "sjf-bsbf", "auto")
     assert all(isinstance(make_policy(n), ResidentCapped) for n in RESIDENT_CAP_POLICIES)
-    assert {n for n in POLICIES if isinstance(make_policy(n), Scalable)} == {"tiresias", "ones"}
+    assert {n for n in POLICIES if isinstance(make_policy(n), Scalable)} == {"tiresias", "ones", "auto"}
     assert {n for n in POLICIES if isinstance(make_policy(n), ReportsRho)} == {"asrpt"}
     assert not honours_priority(make_policy("ones"))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpusched.services.scheduler.policies.asrpt import Asrpt
+from gpusched.services.scheduler.policies.auto import Auto
 from gpusched.services.scheduler.policies.base import (
     Capabilities,
     Policy,
@@ -32,6 +33,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "sjf-bsbf": SjfBsbf,
     **SYNERGY_POLICIES,
     "ones": Ones,
+    "auto": Auto,
 }
 
 

@@ -1,0 +1,89 @@
+"""``auto``: GENIE's order and placement, a bound on being passed over, and SJF-BSBF's
+sharing where a cap is given (services/scheduler/policies/auto.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpusched.services.scheduler.policies import make_policy
+from gpusched.services.scheduler.policies.auto import Auto
+from gpusched.services.scheduler.policies.genie import Genie
+from tests.builders import TablePerf, cluster, pending, running, snapshot
+
+DAY = 24 * 3600.0
+PERF = TablePerf()
+# A (model a) beside B (model b): A runs 1.2x slower, B 2.0x slower
+SHARING_PERF = TablePerf(slowdown={("a", "b"): 1.2, ("b", "a"): 2.0})
+
+
+def test_with_nobody_past_the_bound_auto_decides_what_genie_decides() -> None:
+    jobs = [pending("long", 10 * 3600, queued_since=0), pending("short", 60, queued_since=5)]
+    snap = snapshot(cluster(1, 1), PERF, jobs, now=DAY)
+    assert Auto().decide(snap).starts == Genie().decide(snap).starts
+    (start,) = Auto().decide(snap).starts
+    assert start.job_id == "short"  # shortest predicted run time first
+
+
+def test_a_job_waiting_past_its_bound_goes_before_a_shorter_one() -> None:
+    # long: 10 h predicted, queued 4 days: past max(3 days, 10 x 10 h = 100 h)? 96 h < 100 h
+    jobs = [pending("long", 10 * 3600, queued_since=0), pending("short", 60, queued_since=0)]
+    at_4_days = snapshot(cluster(1, 1), PERF, jobs, now=4 * DAY)
+    assert [s.job_id for s in Auto().decide(at_4_days).starts] == ["short"]
+    # at 4.5 days it has waited 108 h > 100 h: it goes first
+    at_4_5_days = snapshot(cluster(1, 1), PERF, jobs, now=4.5 * DAY)
+    assert [s.job_id for s in Auto().decide(at_4_5_days).starts] == ["long"]
+
+
+def test_the_floor_of_the_bound_holds_for_a_short_job() -> None:
+    # tiny: 60 s predicted; 10 x 60 s has long passed, the 3-day floor has not
+    jobs = [pending("tiny", 60, queued_since=0), pending("tinier", 30, queued_since=0)]
+    snap = snapshot(cluster(1, 1), PERF, jobs, now=2 * DAY)
+    assert [s.job_id for s in Auto().decide(snap).starts] == ["tinier"]
+    later = snapshot(cluster(1, 1), PERF, jobs, now=3 * DAY + 1)
+    # both past the floor now: longest waiting first, ties by id
+    assert [s.job_id for s in Auto().decide(later).starts] == ["tinier"]
+    jobs = [pending("tiny", 60, queued_since=0), pending("tinier", 30, queued_since=10)]
+    later = snapshot(cluster(1, 1), PERF, jobs, now=3 * DAY + 20)
+    assert [s.job_id for s in Auto().decide(later).starts] == ["tiny"]
+
+
+def test_auto_shares_no_gpu_unless_a_cap_is_given() -> None:
+    snap = snapshot(cluster(1, 1), SHARING_PERF, [pending("a", 5)], [running("r", 100, (0,), "b")])
+    # t_seq = 100 + 5 = 105 against t_con = 100/2 + (1 - 1/4) * 1.2 * 5 = 54.5: it pays
+    assert Auto().decide(snap).starts == ()
+    assert not Auto().capabilities.shares_gpus
+    sharing = make_policy("auto", max_resident_slowdown=2.0)
+    assert sharing.capabilities.shares_gpus
+    (start,) = sharing.decide(snap).starts
+    assert start.shares_with == ("r",) and start.gpu_ids == (0,)
+    # the resident would be slowed 2x: a cap of 1.5 refuses the pair
+    assert make_policy("auto", max_resident_slowdown=1.5).decide(snap).starts == ()
+
+
+def test_a_shared_start_never_takes_an_idle_gpu_nor_joins_a_job_started_with_it() -> None:
+    # GPU 1 is idle: GENIE starts the shortest there; the other waits, and may only join
+    # the job that was running before this decision, on GPU 0
+    snap = snapshot(
+        cluster(1, 2), SHARING_PERF, [pending("a", 5), pending("a2", 6)],
+        [running("r", 100, (0,), "b")],
+    )
+    decision = make_policy("auto", max_resident_slowdown=2.0).decide(snap)
+    by_id = {s.job_id: s for s in decision.starts}
+    assert by_id["a"].gpu_ids == (1,) and by_id["a"].shares_with == ()
+    assert by_id["a2"].gpu_ids == (0,) and by_id["a2"].shares_with == ("r",)
+
+
+def test_a_time_scaled_auto_scales_the_floor_of_its_bound() -> None:
+    scaled = make_policy("auto", time_scale=0.01)
+    assert isinstance(scaled, Auto)
+    assert scaled.min_wait_s == pytest.approx(3 * DAY * 0.01)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_wait_factor", 0.0), ("max_wait_factor", float("inf")), ("min_wait_s", -1.0),
+     ("max_resident_slowdown", 0.5)],
+)
+def test_a_bad_setting_is_refused_naming_the_field(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        Auto(**{field: value})
