@@ -36,6 +36,7 @@ RUNS = (
     ("asrpt declared", "asrpt", "declared"),
     ("sjf declared", "sjf", "declared"),
     ("tiresias", "tiresias", "truth"),
+    ("auto rf", "auto", "rf"),
 )
 NOISES = (0.05, 0.2, 0.5, 1.0)
 
