@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from itertools import accumulate
 
+from gpusched.libs.core.gpu_types import family, known_families, type_key
+
 #: GPU memory of the SJF-BSBF testbed's GPUs, used when a cluster spec names none.
 DEFAULT_GPU_MEM_MB = 49_140
 DEFAULT_CPUS_PER_GPU = 4
@@ -110,11 +112,69 @@ class Cluster:
     def fewest_nodes(self, gpus: int) -> int:
         """Nodes a job of ``gpus`` GPUs spans alone on this idle cluster: its most
         consolidated placement, one node if a node holds it, else the fewest nodes,
-        largest first (where ``FreeGpus.take`` puts it). Raises ValueError when the
-        cluster has fewer than ``gpus`` GPUs."""
+        largest first (where ``FreeGpus.take`` puts it); on a cluster of several GPU
+        types, the fewest within one type (over all nodes where no type holds it).
+        Raises ValueError when the cluster has fewer than ``gpus`` GPUs."""
         if not 1 <= gpus <= self.total_gpus:
             raise ValueError(f"{gpus} GPUs do not fit a cluster of {self.total_gpus}")
+        if self.mixed:
+            within = [
+                bisect_left(totals, gpus) + 1
+                for totals in self._largest_first_by_type
+                if totals[-1] >= gpus
+            ]
+            if within:
+                return min(within)
         return bisect_left(self._largest_first_totals, gpus) + 1
+
+    # ---- GPU types ---------------------------------------------------------------------
+    @cached_property
+    def gpu_types(self) -> tuple[str, ...]:
+        """The GPU types of the nodes (``gpu_types.type_key`` of each ``gpu_model``), in
+        the order the nodes first name them (nodes without GPUs name none); the first is
+        the cluster's reference type, the one a type-blind performance model's figures
+        are taken to be of."""
+        named = [n for n in self.nodes if n.gpus] or self.nodes
+        return tuple(dict.fromkeys(type_key(n.gpu_model) for n in named))
+
+    @cached_property
+    def mixed(self) -> bool:
+        """Whether the nodes have GPUs of more than one type: a job then runs on GPUs of
+        one type only."""
+        return len(self.gpu_types) > 1
+
+    @cached_property
+    def node_type(self) -> tuple[int, ...]:
+        """Index in ``gpu_types`` of every node's GPU type, by node index (0 for a node
+        without GPUs of a type no other node has)."""
+        index = {t: i for i, t in enumerate(self.gpu_types)}
+        return tuple(index.get(type_key(n.gpu_model), 0) for n in self.nodes)
+
+    @cached_property
+    def gpu_type(self) -> tuple[int, ...]:
+        """Index in ``gpu_types`` of every global GPU's type."""
+        node_type = self.node_type
+        return tuple(node_type[node] for node in self.gpu_node)
+
+    @cached_property
+    def type_gpus(self) -> tuple[int, ...]:
+        """GPUs of each type, by type index."""
+        counts = [0] * len(self.gpu_types)
+        for node, kind in zip(self.nodes, self.node_type, strict=True):
+            counts[kind] += node.gpus
+        return tuple(counts)
+
+    def types_of(self, gpu_ids: Iterable[int]) -> set[int]:
+        """The type indices of ``gpu_ids`` (indices outside the cluster left out)."""
+        kinds, total = self.gpu_type, self.total_gpus
+        return {kinds[g] for g in gpu_ids if 0 <= g < total}
+
+    @cached_property
+    def _largest_first_by_type(self) -> tuple[tuple[int, ...], ...]:
+        sizes: list[list[int]] = [[] for _ in self.gpu_types]
+        for node, kind in zip(self.nodes, self.node_type, strict=True):
+            sizes[kind].append(node.gpus)
+        return tuple(tuple(accumulate(sorted(s, reverse=True))) for s in sizes)
 
     def node_gpus(self, node_index: int) -> range:
         start = self.offsets[node_index]
@@ -181,21 +241,60 @@ class Cluster:
 
     @classmethod
     def parse(cls, spec: str, gpu_mem_mb: int = DEFAULT_GPU_MEM_MB) -> Cluster:
-        """Parse ``NODESxGPUS`` such as ``64x8``, of at most `MAX_SPEC_GPUS` GPUs and
-        `MAX_SPEC_GPUS_PER_NODE` a node."""
-        match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", spec)
-        if not match:
-            raise ValueError(f"cluster spec {spec!r} is not NODESxGPUS, e.g. 64x8")
-        nodes, gpus = int(match.group(1)), int(match.group(2))
-        if nodes * gpus > MAX_SPEC_GPUS:
+        """Parse ``NODESxGPUS`` such as ``64x8``, or groups of nodes of one GPU type
+        each, ``NODESxGPUS:TYPE,...`` such as ``8x4:V100,8x4:P100,16x4:K80`` (a type
+        of a known family, see ``gpu_types``; a group without one is ``generic``), of at
+        most `MAX_SPEC_GPUS` GPUs and `MAX_SPEC_GPUS_PER_NODE` a node. Nodes are named
+        ``node0000`` on, group after group. Errors name the group at fault."""
+        parts = spec.split(",")
+        groups = [_spec_group(part, len(parts) > 1) for part in parts]
+        total = sum(nodes * gpus for nodes, gpus, _ in groups)
+        if total > MAX_SPEC_GPUS:
             raise ValueError(
-                f"{nodes} x {gpus} = {nodes * gpus:,} GPUs; at most {MAX_SPEC_GPUS:,} are supported"
+                f"{spec.strip()!r} asks for {total:,} GPUs; at most {MAX_SPEC_GPUS:,} are supported"
             )
-        if gpus > MAX_SPEC_GPUS_PER_NODE:
-            raise ValueError(
-                f"{gpus:,} GPUs per node; at most {MAX_SPEC_GPUS_PER_NODE:,} are supported"
+        if len(groups) == 1:
+            nodes, gpus, model = groups[0]
+            return cls.uniform(nodes, gpus, gpu_mem_mb, model)
+        made: list[Node] = []
+        for nodes, gpus, model in groups:
+            first = len(made)
+            made.extend(
+                replace(node, name=f"node{first + i:04d}")
+                for i, node in enumerate(cls.uniform(nodes, gpus, gpu_mem_mb, model).nodes)
             )
-        return cls.uniform(nodes, gpus, gpu_mem_mb)
+        return cls(tuple(made))
+
+
+def _spec_group(part: str, several: bool) -> tuple[int, int, str]:
+    """(nodes, GPUs per node, GPU model) of one ``NODESxGPUS[:TYPE]`` group; errors
+    name the group where the spec has ``several``."""
+    where = f"{part.strip()!r}: " if several else ""
+    if not part.strip() and several:
+        raise ValueError("an empty group in a cluster spec: two commas, or one at an end")
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*(?::\s*([^:,]*?)\s*)?", part)
+    if not match:
+        raise ValueError(
+            f"cluster spec {part.strip()!r} is not NODESxGPUS, e.g. 64x8, "
+            "or NODESxGPUS:TYPE,..., e.g. 8x4:V100,16x4:K80"
+        )
+    nodes, gpus, model = int(match.group(1)), int(match.group(2)), match.group(3)
+    if nodes < 1 or gpus < 1:
+        raise ValueError(f"{where}a group needs nodes >= 1 and GPUs per node >= 1")
+    if nodes * gpus > MAX_SPEC_GPUS:
+        raise ValueError(
+            f"{where}{nodes} x {gpus} = {nodes * gpus:,} GPUs; at most {MAX_SPEC_GPUS:,} "
+            "are supported"
+        )
+    if gpus > MAX_SPEC_GPUS_PER_NODE:
+        raise ValueError(
+            f"{where}{gpus:,} GPUs per node; at most {MAX_SPEC_GPUS_PER_NODE:,} are supported"
+        )
+    if model is None:
+        return nodes, gpus, "generic"
+    if not model or family(type_key(model)) is None:
+        raise ValueError(f"{where}unknown GPU type {model!r}; known: {known_families()}")
+    return nodes, gpus, model
 
 
 #: a job's GPUs, CPU cores and host memory GB (None: the GPU-proportional share)

@@ -352,6 +352,11 @@ class _Booking:
         problems: list[str] = []
         if len(set(gpu_ids)) != shape.gpus or len(gpu_ids) != shape.gpus:
             problems.append(f"gave {job_id} GPUs {gpu_ids}; it needs {shape.gpus} distinct")
+        cluster = self.snapshot.cluster
+        if cluster.mixed and len(kinds := cluster.types_of(gpu_ids)) > 1:
+            names = ", ".join(cluster.gpu_types[k] for k in sorted(kinds))
+            problems.append(f"gave {job_id} GPUs {gpu_ids} of several types ({names}); "
+                            "a job runs on GPUs of one type")
         accum = start.accum_steps
         mem: float | None = None
         if accum < 1 or shape.batch_size // shape.gpus // accum < 1:

@@ -38,7 +38,13 @@ from gpusched.libs.core.profiles.builtin import (
     Network,
     load_builtin,
 )
-from gpusched.libs.core.profiles.gavel import GAVEL_GPU, GavelTable, read_gavel
+from gpusched.libs.core.profiles.gavel import (
+    GAVEL_GPU,
+    GavelSpeeds,
+    GavelTable,
+    read_gavel,
+    read_gavel_speeds,
+)
 from gpusched.libs.core.profiles.pollux import MIN_COMPUTE_S, PolluxProfile, read_pollux_model
 from gpusched.libs.core.profiles.synergy import SynergyData, SynergyModel, read_synergy
 from gpusched.libs.core.shape import JobShape
@@ -88,6 +94,7 @@ class ProfilePerformanceModel:
     __slots__ = (
         "_convergence",
         "_gavel",
+        "_gavel_speeds",
         "_iter_cache",
         "_mem_cache",
         "_network",
@@ -109,6 +116,7 @@ class ProfilePerformanceModel:
         synergy: SynergyData | None = None,
         speed_model: str = "grid",
         convergence: Mapping[str, Convergence] | None = None,
+        gavel_speeds: GavelSpeeds | None = None,
     ) -> None:
         if not profiles:
             raise ValueError("a performance model needs at least one model profile")
@@ -119,6 +127,7 @@ class ProfilePerformanceModel:
         self._network = network
         self._pollux = dict(pollux or {})
         self._gavel = gavel
+        self._gavel_speeds = gavel_speeds
         self._synergy = synergy
         self._iter_cache: dict[tuple[str, int, int, int, int], float] = {}
         self._parallel_cache: dict[tuple[str, int, Degrees, tuple[int, ...], int], float] = {}
@@ -159,12 +168,16 @@ class ProfilePerformanceModel:
         gavel_json = profiles_dir / "gavel" / "simulation_throughputs.json"
         synergy_json = profiles_dir / "synergy" / "models.json"
         gavel = read_gavel(gavel_json) if gavel_json.is_file() else None
+        speeds = read_gavel_speeds(gavel_json) if gavel_json.is_file() else None
         synergy = read_synergy(synergy_json) if synergy_json.is_file() else None
         if synergy is not None:
             for name, measured in sorted(synergy.models.items()):
                 if name not in profiles and name in synergy.grids:
                     profiles[name] = synergy_profile(name, measured, profiles)
-        return cls(profiles, network, pollux, gavel, synergy, speed_model, convergence_models(root))
+        return cls(
+            profiles, network, pollux, gavel, synergy, speed_model, convergence_models(root),
+            speeds,
+        )
 
     # ----------------------------------------------------------------- introspection
 
@@ -193,6 +206,14 @@ class ProfilePerformanceModel:
 
     def default_batch_size(self, model: str) -> int:
         return self.profile(model).default_batch_size
+
+    def gavel_speed(self, model: str, sub_batch: float, gpu: str) -> float | None:
+        """How fast ``model`` runs on one GPU of Gavel's type ``gpu`` (k80, p100, v100)
+        against a V100, at the sub-batch Gavel measured nearest ``sub_batch``; None
+        without Gavel's file or where it has no figure of the model's job type."""
+        if self._gavel_speeds is None:
+            return None
+        return self._gavel_speeds.speed(self.profile(model).gavel_type, sub_batch, gpu)
 
     def convergence(self, model: str) -> Convergence | None:
         return self._convergence.get(model)

@@ -48,6 +48,8 @@ class FreeGpus:
         self._node_size = cluster.node_sizes
         self._free = free
         self._max = cluster.max_gpus_per_node
+        #: GPU type of every node where the cluster has several: a job spans one type
+        self._node_type = cluster.node_type if cluster.mixed else None
         self.total = sum(free)
         #: nodes by free GPU count, each list ascending; None until first needed
         self._buckets: list[list[int]] | None = None
@@ -98,9 +100,13 @@ class FreeGpus:
 
     def spread(self, gpus: int) -> dict[int, int] | None:
         """The fewest nodes that hold ``gpus`` idle GPUs together and how many each
-        gives: the most idle first, lowest index among equals; None if fewer are idle."""
+        gives: the most idle first, lowest index among equals; None if fewer are idle.
+        On a cluster of several GPU types, nodes of one type: the type that needs the
+        fewest nodes (the first type among equals)."""
         if gpus > self.total:
             return None
+        if self._node_type is not None:
+            return self._spread_in_one_type(gpus)
         chosen: dict[int, int] = {}
         need = gpus
         free = self._free
@@ -111,6 +117,33 @@ class FreeGpus:
             if need == 0:
                 break
         return chosen
+
+    def _spread_in_one_type(self, gpus: int) -> dict[int, int] | None:
+        node_type = self._node_type
+        assert node_type is not None
+        free = self._free
+        chosen: dict[int, dict[int, int]] = {}
+        need: dict[int, int] = {}
+        for node in chain.from_iterable(reversed(self._by_free())):
+            kind = node_type[node]
+            left = need.setdefault(kind, gpus)
+            if left == 0:
+                continue
+            take = min(left, free[node])
+            chosen.setdefault(kind, {})[node] = take
+            need[kind] = left - take
+        done = [(len(nodes), kind) for kind, nodes in chosen.items() if need[kind] == 0]
+        return chosen[min(done)[1]] if done else None
+
+    def type_free(self) -> dict[int, int]:
+        """Idle GPUs of each GPU type, by type index (one entry, 0, on a cluster of one)."""
+        if self._node_type is None:
+            return {0: self.total}
+        totals: dict[int, int] = {}
+        for node, free in enumerate(self._free):
+            kind = self._node_type[node]
+            totals[kind] = totals.get(kind, 0) + free
+        return totals
 
     # ---- taking and giving back ------------------------------------------------------
     def _take_from_node(self, node: int, count: int) -> list[int]:
@@ -146,7 +179,8 @@ class FreeGpus:
             if buckets[k]:
                 return self._take_from_node(buckets[k][0], gpus)
         spread = self.spread(gpus)
-        assert spread is not None
+        if spread is None:  # idle GPUs enough, but not of one type
+            return None
         taken: list[int] = []
         for node, count in spread.items():
             taken.extend(self._take_from_node(node, count))
@@ -187,8 +221,28 @@ class FreeGpus:
             return self.take(degrees.gpus)
         if degrees.gpus > self.total:
             return None
-        nodes = map_job(degrees, self._free, flows)
+        if self._node_type is None:
+            nodes = map_job(degrees, self._free, flows)
+        else:
+            nodes = self._map_in_one_type(degrees, flows)
         return None if nodes is None else self.take_ranks(nodes)
+
+    def _map_in_one_type(
+        self, degrees: Degrees, flows: Traffic | None
+    ) -> tuple[int, ...] | None:
+        """Where ``map_job`` maps the job on the idle GPUs of one type alone: the type
+        whose mapping spans the fewest nodes (the first type among equals)."""
+        node_type = self._node_type
+        assert node_type is not None
+        best: tuple[int, ...] | None = None
+        for kind, idle in sorted(self.type_free().items()):
+            if idle < degrees.gpus:
+                continue
+            free = [f if node_type[n] == kind else 0 for n, f in enumerate(self._free)]
+            nodes = map_job(degrees, free, flows)
+            if nodes is not None and (best is None or len(set(nodes)) < len(set(best))):
+                best = nodes
+        return best
 
     def give_back(self, gpu_ids: tuple[int, ...] | list[int], node_of: tuple[int, ...]) -> None:
         """Return GPUs of a job that a decision removes (e.g. a preemption)."""
@@ -243,6 +297,12 @@ class ContiguousGpus(FreeGpus):
             node_of = np.asarray(cluster.gpu_node, dtype=np.int64)
         self._node_of = node_of
         self._gpu_node = cluster.gpu_node
+        #: on a cluster of several GPU types, a number per run of consecutive GPUs of one
+        #: type: a block may not span two
+        self._type_run: np.ndarray | None = None
+        if cluster.mixed:
+            kinds = np.asarray(cluster.gpu_type, dtype=np.int64)
+            self._type_run = np.concatenate(([0], np.cumsum(kinds[1:] != kinds[:-1])))
         free = np.bincount(node_of[owner == FREE], minlength=len(cluster.nodes))
         self._index(cluster, free.tolist())
         #: free runs as a heap of (length, start) while only one-GPU jobs are placed
@@ -295,6 +355,11 @@ class ContiguousGpus(FreeGpus):
         offsets = np.arange(int(windows.sum())) - np.repeat(np.cumsum(windows) - windows, windows)
         s = np.repeat(starts, windows) + offsets
         run = np.repeat(runs, windows)
+        if self._type_run is not None:  # only blocks of one GPU type
+            one_type = self._type_run[s] == self._type_run[s + n - 1]
+            if not one_type.any():
+                return None
+            s, run = s[one_type], run[one_type]
         overlap = 0 if own is None else own[s + n] - own[s]
         node_of = self._node_of
         nodes = node_of[s + n - 1] - node_of[s] + 1
@@ -361,6 +426,14 @@ def unschedulable_reason(job: JobView, snapshot: Snapshot) -> str | None:
     total = snapshot.cluster.total_gpus
     if job.gpus > total:
         return f"unschedulable: needs {job.gpus} GPUs; the cluster has {total}"
+    cluster = snapshot.cluster
+    if cluster.mixed and job.gpus > max(cluster.type_gpus):
+        most = max(cluster.type_gpus)
+        kind = cluster.gpu_types[cluster.type_gpus.index(most)]
+        return (
+            f"unschedulable: needs {job.gpus} GPUs of one type; the most of one type "
+            f"are {most} ({kind})"
+        )
     biggest = snapshot.cluster.max_gpu_mem_mb
     if exclusive_accum(job, snapshot, biggest) is None:
         smallest = job.batch_size / (job.gpus * max(accum_choices(job) or (1,)))

@@ -107,9 +107,10 @@ def simulate(
     cluster: Annotated[
         str | None,
         typer.Option(
-            help=f"NODESxGPUS (default {DEFAULT_CLUSTER}), 'alibaba' for the Alibaba "
-            "node list in --data-dir, or a cluster file (.json, as `gpusched history "
-            "export` writes beside its trace)."
+            help=f"NODESxGPUS (default {DEFAULT_CLUSTER}), groups of one GPU type each "
+            "(NODESxGPUS:TYPE,..., e.g. 8x4:V100,8x4:P100,16x4:K80), 'alibaba' for the "
+            "Alibaba node list in --data-dir, or a cluster file (.json, as `gpusched "
+            "history export` writes beside its trace)."
         ),
     ] = None,
     nodes_file: Annotated[

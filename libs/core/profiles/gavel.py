@@ -1,6 +1,7 @@
 """Gavel's throughputs of co-located job pairs on one GPU
 (``profiles/gavel/simulation_throughputs.json``): what the ground truth takes a
-co-location slowdown from where a model has a Gavel job type."""
+co-location slowdown from where a model has a Gavel job type, and (``GavelSpeeds``) how
+fast a job type runs alone on each of Gavel's GPU types against a V100."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from gpusched.libs.core.profiles.files import finite_rate, load_json
 DOES_NOT_FIT_SLOWDOWN = 10.0
 #: the Gavel table used for co-location: V100 is closest to the GPUs we simulate
 GAVEL_GPU = "v100"
+#: the GPU types Gavel measured every job type alone on
+GAVEL_GPUS = ("k80", "p100", "v100")
 
 
 GavelKey = tuple[str, int | None]
@@ -26,12 +29,12 @@ _GAVEL_OUTER = re.compile(r"\('(?P<job>.+)', (?P<scale>\d+)\)")
 _GAVEL_BATCH = re.compile(r"(?P<type>.+) \(batch size (?P<batch>\d+)\)")
 
 
-def _gavel_key(path: Path, raw: str) -> tuple[GavelKey, int]:
+def _gavel_key(path: Path, raw: str, gpu: str = GAVEL_GPU) -> tuple[GavelKey, int]:
     """('<job type> (batch size N)', scale) -> ((job type, N or None), scale)."""
     outer = _GAVEL_OUTER.fullmatch(raw)
     if outer is None:
         raise ValueError(
-            f"{path}: key {raw!r} in table {GAVEL_GPU!r} is not ('<job type>', <scale factor>)"
+            f"{path}: key {raw!r} in table {gpu!r} is not ('<job type>', <scale factor>)"
         )
     job, scale = outer["job"], int(outer["scale"])
     inner = _GAVEL_BATCH.fullmatch(job)
@@ -70,21 +73,51 @@ class GavelTable:
         return max(1.0, alone / together)
 
 
-def read_gavel(path: Path) -> GavelTable:
+@dataclass(frozen=True, slots=True)
+class GavelSpeeds:
+    """Gavel's single-GPU steps/s of its job types alone on each of its GPU types."""
+
+    tables: Mapping[str, GavelTable]
+
+    def speed(self, job_type: str | None, batch: float, gpu: str) -> float | None:
+        """Steps/s of ``job_type`` at the measured batch nearest ``batch`` on ``gpu``
+        over on a V100; None where Gavel has no such job type or GPU, or a rate of 0."""
+        table, v100 = self.tables.get(gpu), self.tables.get(GAVEL_GPU)
+        if table is None or v100 is None:
+            return None
+        key = v100.key(job_type, batch)
+        if key is None:
+            return None
+        rate, reference = table.alone.get(key), v100.alone.get(key)
+        if not rate or not reference:
+            return None
+        return rate / reference
+
+
+def read_gavel_speeds(path: Path) -> GavelSpeeds:
+    """The tables of every GPU type in :data:`GAVEL_GPUS` the file has."""
     table = load_json(path)
-    rows = table.get(GAVEL_GPU) if isinstance(table, dict) else None
+    found = [gpu for gpu in GAVEL_GPUS if isinstance(table, dict) and gpu in table]
+    return GavelSpeeds({gpu: read_gavel(path, gpu, table) for gpu in found})
+
+
+def read_gavel(path: Path, gpu: str = GAVEL_GPU, table: Any = None) -> GavelTable:
+    """The table of ``gpu`` (``table``: the file's document, where already read)."""
+    if table is None:
+        table = load_json(path)
+    rows = table.get(gpu) if isinstance(table, dict) else None
     if not isinstance(rows, dict):
-        raise ValueError(f"{path}: expected an object with a {GAVEL_GPU!r} table")
+        raise ValueError(f"{path}: expected an object with a {gpu!r} table")
     alone: dict[GavelKey, float] = {}
     together: dict[tuple[GavelKey, GavelKey], float] = {}
     for raw, row in rows.items():
-        own, scale = _gavel_key(path, raw)
+        own, scale = _gavel_key(path, raw, gpu)
         if scale != 1:
             continue  # Gavel measured co-location on single-GPU jobs only
         if not isinstance(row, dict) or "null" not in row:
             raise ValueError(f"{path}: {raw}: expected an object with a 'null' entry")
         alone[own] = finite_rate(path, f"{raw} -> null", row["null"])
-        together.update(_gavel_pairs(path, raw, own, row))
+        together.update(_gavel_pairs(path, raw, own, row, gpu))
     batches: dict[str, set[int | None]] = defaultdict(set)
     for job_type, batch in alone:
         batches[job_type].add(batch)
@@ -92,12 +125,12 @@ def read_gavel(path: Path) -> GavelTable:
 
 
 def _gavel_pairs(
-    path: Path, raw: str, own: GavelKey, row: Mapping[str, Any]
+    path: Path, raw: str, own: GavelKey, row: Mapping[str, Any], gpu: str = GAVEL_GPU
 ) -> Iterator[tuple[tuple[GavelKey, GavelKey], float]]:
     for raw_partner, rates in row.items():
         if raw_partner == "null":
             continue
-        partner, scale = _gavel_key(path, raw_partner)
+        partner, scale = _gavel_key(path, raw_partner, gpu)
         where = f"{raw} -> {raw_partner}"
         if not isinstance(rates, list) or len(rates) != 2:
             raise ValueError(f"{path}: {where}: expected [own steps/s, partner steps/s]")

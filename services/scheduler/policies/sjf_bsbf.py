@@ -598,7 +598,8 @@ class SjfBsbf:
         ]
         heapq.heapify(heap)
         expanded: dict[int, tuple[Pairing, ...]] = {}
-        picks: dict[int, list[tuple[float, int, int]]] = {}
+        #: per (sub-batch, GPU type): a job's GPUs are all of one type
+        picks: dict[tuple[int, int], list[tuple[float, int, int]]] = {}
         while heap:
             value, kind, gi, pi, si = heapq.heappop(heap)
             if kind == _GROUP:
@@ -616,7 +617,7 @@ class SjfBsbf:
                 if found is not None:
                     heapq.heappush(heap, (found[0], _SLOT, gi, pi, found[1]))
                 continue
-            chosen = picks.setdefault(pairing.accum, [])
+            chosen = picks.setdefault((pairing.accum, groups[gi].gpu_type), [])
             chosen.append((value, gi, si))
             if len(chosen) == gpus:
                 return Choice(score=value, accum=pairing.accum, picks=tuple(chosen)), math.inf, ""

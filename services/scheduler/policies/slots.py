@@ -15,12 +15,14 @@ from gpusched.services.scheduler.policies.sharing import BenefitWindow
 
 @dataclass(slots=True)
 class SlotGroup:
-    """GPUs holding one resident each, whose residents are alike (model, batch, memory)."""
+    """GPUs holding one resident each, whose residents are alike (model, batch, memory),
+    of one GPU type (``gpu_type``, an index in ``Cluster.gpu_types``)."""
 
     key: tuple
     resident: JobView
     mem_used_mb: float
     gpu_mem_mb: int
+    gpu_type: int = 0
     remaining: list[float] = field(default_factory=list)
     slots: list[tuple[float, int, JobView]] = field(default_factory=list)
 
@@ -77,6 +79,7 @@ class SlotIndex:
         load = snapshot.gpu_load
         mem_used = snapshot.gpu_mem_used
         gpu_mem = snapshot.cluster.gpu_mem_mb
+        kinds = snapshot.cluster.gpu_type
         old = self._slots
         slots: dict[int, tuple[JobView, float]] = {}
         old_born = self.born
@@ -104,10 +107,12 @@ class SlotIndex:
                     new.append(gpu)
                 else:
                     born[gpu] = old_born[gpu]
-                key = (job.model, job.batch_size, job.gpus, job.accum_steps, gpu_mem[gpu])
+                key: tuple = (job.model, job.batch_size, job.gpus, job.accum_steps, gpu_mem[gpu])
+                if kinds[gpu]:  # a GPU of another type than the first: a group of its own
+                    key = (*key, kinds[gpu])
                 group = groups.get(key)
                 if group is None:
-                    group = groups[key] = SlotGroup(key, job, used, gpu_mem[gpu])
+                    group = groups[key] = SlotGroup(key, job, used, gpu_mem[gpu], kinds[gpu])
                 group.slots.append((e_b, gpu, job))
         if new or fresh:
             self.epoch += 1

@@ -403,7 +403,8 @@ class SynergyTune:
         first = next(state.gpu_preference(job.gpus), None)
         if first is None:
             spread = state.spread(job.gpus)
-            assert spread is not None
+            if spread is None:  # idle GPUs enough, but not of one GPU type
+                return f"needs {job.gpus} idle GPUs of one type; {state.total} idle of several"
             return self._place_fair(snapshot, state, job, spread)
         # (1) the best-case vector, (2) at most fair in every dimension; on a cluster of
         # one node shape every node asks for the same, worked out once

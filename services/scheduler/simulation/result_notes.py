@@ -6,7 +6,8 @@ submission, as ``fifo-backfill`` does. Without a word, that reads as a coinciden
 bug. `result_notes` says, for each policy of a run, when its feature found nothing to
 act on (worked out from the run itself: the jobs' deadlines, the sharing pairs formed,
 the preemptions and resizes made, the models' CPU/memory sensitivity), and which
-policies gave the very same schedule, job for job.
+policies gave the very same schedule, job for job; on a cluster of several GPU types,
+each policy's busy GPU-hours per type.
 """
 
 from __future__ import annotations
@@ -46,7 +47,15 @@ def result_notes(results: Sequence[SimResult], facts: WorkloadFacts | None = Non
     two schedules are alike. ``facts`` adds what only the jobs tell (CPU/memory
     sensitivity for the synergy policies)."""
     notes = [note for result in results for note in _idle_feature(result, facts)]
+    notes += [_type_hours(result) for result in results if result.gpu_hours_by_type]
     return notes + same_schedules(results)
+
+
+def _type_hours(result: SimResult) -> str:
+    """On a cluster of several GPU types: the busy GPU-hours of each."""
+    hours = result.gpu_hours_by_type or {}
+    each = ", ".join(f"{name} {value:,.1f}" for name, value in hours.items())
+    return f"{result.policy}: busy GPU-hours by GPU type: {each}."
 
 
 def _idle_feature(result: SimResult, facts: WorkloadFacts | None) -> list[str]:

@@ -97,6 +97,9 @@ class SimResult:
     prediction: Mapping[str, float | int | str] | None = None
     #: A-SRPT's Lemma-1 factor over the run's jobs, for a policy that works it out
     rho: float | None = None
+    #: busy GPU-hours of each GPU type, on a cluster of several types (one type: the
+    #: busy GPU-hours are ``gpu_util`` x GPUs x makespan)
+    gpu_hours_by_type: Mapping[str, float] | None = None
 
     def finished(self) -> list[JobOutcome]:
         return [j for j in self.jobs if j.state == FINISHED]
@@ -132,4 +135,6 @@ class SimResult:
             summary["prediction"] = dict(self.prediction)
         if self.rho is not None:
             summary["rho"] = self.rho
+        if self.gpu_hours_by_type is not None:
+            summary["gpu_hours_by_type"] = dict(self.gpu_hours_by_type)
         return summary

@@ -114,16 +114,18 @@ def _parse_cluster(spec: str, data_dir: str | Path | None) -> Cluster:
         if data_dir is None:
             raise InputError("--cluster alibaba reads the node list from --data-dir; give one")
         return load_alibaba_nodes(Path(data_dir) / ALIBABA_NODES)
-    if re.fullmatch(r"\d+\s*[xX]\s*\d+", text):
-        try:
+    if re.fullmatch(r"\d+\s*[xX]\s*\d+", text) or (
+        re.match(r"\d+\s*[xX]\s*\d+\s*[:,]", text) and not Path(text).is_file()
+    ):
+        try:  # NODESxGPUS, or groups NODESxGPUS:TYPE,... of several GPU types
             return Cluster.parse(text)
         except ValueError as exc:  # e.g. 0x8: well-formed but empty, or too large
             raise InputError(f"bad cluster spec {spec!r} (--cluster): {exc}") from None
     if text.lower().endswith(".csv") or Path(text).is_file():
         return load_alibaba_nodes(text)
     raise InputError(
-        f"bad cluster spec {spec!r}: expected NODESxGPUS (e.g. 64x8), 'alibaba', "
-        "or a node list .csv"
+        f"bad cluster spec {spec!r}: expected NODESxGPUS (e.g. 64x8), groups of one GPU "
+        "type each (e.g. 8x4:V100,16x4:K80), 'alibaba', or a node list .csv"
     )
 
 

@@ -14,7 +14,7 @@ import math
 import time
 from collections import ChainMap
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from gpusched.libs.core.cluster import Cluster, HostUse
 from gpusched.libs.core.convergence import remaining_after_resize
@@ -33,7 +33,7 @@ from gpusched.libs.core.parallelism import alone_iteration_time, placed_iteratio
 from gpusched.libs.core.perf import ConvergenceSource, PerformanceModel
 from gpusched.libs.core.placement import unschedulable_reason
 from gpusched.libs.core.progress import EpochRecord, ProgressPredictor, blended_remaining_iterations
-from gpusched.libs.core.size_predictor import PREDICTORS, SubmissionSizes
+from gpusched.libs.core.size_predictor import SubmissionSizes
 from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.scheduler.policies.base import (
     Policy,
@@ -50,7 +50,9 @@ from gpusched.services.scheduler.simulation.results import (
     TimelinePoint,
     thin,
 )
+from gpusched.services.scheduler.simulation.sim_config import SimConfig as SimConfig
 from gpusched.services.scheduler.simulation.sim_job import SimJob
+from gpusched.services.scheduler.simulation.type_use import TypeUse
 
 ARRIVAL, FINISH, WAKE, ROUND = 0, 1, 2, 3
 #: completion is declared when this few iterations remain, absorbing float rounding
@@ -60,31 +62,6 @@ ITER_EPSILON = 1e-6
 class PolicyViolation(RuntimeError):
     """A decision broke a cluster invariant (``decision_problems``); the run stops rather
     than hide it."""
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    #: seconds a preempted job spends restoring its checkpoint when it restarts
-    restart_overhead_s: float = 30.0
-    max_jobs_per_gpu: int = 2
-    #: most points kept in the result's timeline
-    timeline_points: int = 2_000
-    #: call the policy every this many seconds even when nothing happens (a round-based
-    #: policy re-plans CPU/memory then); None: only when jobs arrive or finish
-    round_s: float | None = None
-    #: the sizes policies believe: "truth", "declared" (the users' figures) or "rf" (a
-    #: random forest learning from the jobs completed so far; see SubmissionSizes)
-    predictor: str = "truth"
-
-    def __post_init__(self) -> None:
-        if self.predictor not in PREDICTORS:
-            raise ValueError(f"predictor must be one of {', '.join(PREDICTORS)}")
-        if self.restart_overhead_s < 0:
-            raise ValueError("restart_overhead_s must be >= 0")
-        if self.max_jobs_per_gpu < 1:
-            raise ValueError("max_jobs_per_gpu must be >= 1")
-        if self.round_s is not None and not (self.round_s > 0 and math.isfinite(self.round_s)):
-            raise ValueError(f"round_s must be a finite number > 0, got {self.round_s!r}")
 
 
 class Simulator:
@@ -128,6 +105,8 @@ class Simulator:
         self.host = HostUse(cluster)
         self.busy_gpus = 0
         self.busy_gpu_s = 0.0
+        #: speeds and busy time per GPU type, on a cluster of several types only
+        self.types = TypeUse.of(cluster, truth)
         self.clock = 0.0
         self.events: list[tuple[float, int, int, str, int]] = []
         self.seq = 0
@@ -199,6 +178,8 @@ class Simulator:
 
     def _advance(self, now: float) -> None:
         self.busy_gpu_s += self.busy_gpus * (now - self.clock)
+        if self.types is not None:
+            self.types.advance(now - self.clock)
         self.clock = now
 
     def _record(self, now: float) -> None:
@@ -385,6 +366,9 @@ class Simulator:
             alone = placed_iteration_time(truth, self.cluster, spec, job.gpu_ids, job.accum)
         if alone is None:
             alone = truth.iteration_time(spec.model, spec.batch_size, spec.gpus, nodes, job.accum)
+        if self.types is not None:  # the truth's figures are the reference type's
+            sub_batch = spec.batch_size / (spec.gpus * job.accum)
+            alone /= self.types.speed(spec.model, sub_batch, job.gpu_ids)
         slowdown = 1.0
         for gpu in job.gpu_ids:
             for other in self.gpu_residents[gpu]:
@@ -453,6 +437,8 @@ class Simulator:
                 self.gpu_mem_used[gpu] = 0.0
                 self.node_free[node_of[gpu]] += 1
                 self.busy_gpus -= 1
+                if self.types is not None:
+                    self.types.busy(gpu, -1)
         del self.running[job.spec.job_id]
         job.gpu_ids = ()
         job.view = None
@@ -578,6 +564,8 @@ class Simulator:
             if not residents:
                 self.node_free[node_of[gpu]] -= 1
                 self.busy_gpus += 1
+                if self.types is not None:
+                    self.types.busy(gpu, +1)
             residents.append(job)
             self.gpu_load[gpu] += 1
             self.gpu_mem_used[gpu] += mem
@@ -679,6 +667,7 @@ class Simulator:
             ),
             prediction=self.sizes.report() if self.sizes is not None else None,
             rho=policy.rho if isinstance(policy, ReportsRho) else None,
+            gpu_hours_by_type=self.types.gpu_hours() if self.types is not None else None,
         )
 
 
