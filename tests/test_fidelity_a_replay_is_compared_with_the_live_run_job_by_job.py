@@ -112,12 +112,30 @@ def test_a_replay_of_a_lone_measured_job_takes_its_iterations_at_the_measured_sp
     assert whatif.fidelity([job], model_run).mean_diff_pct == pytest.approx(-50.0)
 
 
-def test_the_figures_of_a_live_policy_that_resizes_jobs_are_not_used():
+def test_the_figures_of_a_live_policy_that_resizes_jobs_are_used_too():
+    # the export keeps only a speed of a run in the row's own shape, so a resizing
+    # policy's figures time the replay like any other's
     alone = TRUTH.iteration_time("resnet50", 64, 1, 1)
-    # resized to 2 GPUs and back, a job may keep the faster run's last speed
-    jobs = [exported("a", 10.0, measured=alone / 2, policy="ones")]
-    timed, note = whatif.measured_over(jobs, TRUTH, CLUSTER)
-    assert timed is TRUTH and "resizes jobs" in note
-    timed, _ = whatif.measured_over([exported("a", 10.0, measured=alone / 2, policy="fifo")],
-                                    TRUTH, CLUSTER)
-    assert isinstance(timed, whatif.MeasuredModels)
+    for policy in ("ones", "fifo"):
+        jobs = [exported("a", 10.0, measured=2 * alone, policy=policy)]
+        timed, note = whatif.measured_over(jobs, TRUTH, CLUSTER)
+        assert isinstance(timed, whatif.MeasuredModels), note
+        assert timed.iteration_time("resnet50", 64, 1, 1) == pytest.approx(2 * alone)
+
+
+def test_a_decision_delay_moves_arrivals_and_the_times_count_from_the_submission():
+    alone = TRUTH.iteration_time("resnet50", 64, 1, 1)
+    jobs = [exported("a", 100 * alone + 7.0), exported("b", 100 * alone + 7.0)]
+    specs = materialize(jobs, TRUTH, seed=0, cluster=CLUSTER)
+    arriving = whatif.delayed(specs, 7.0)
+    assert [s.submit_time for s in arriving] == [7.0, 7.0]
+    assert whatif.delayed(specs, 0.0) == specs
+    replay = whatif.from_submission(run_policies(arriving, CLUSTER, ["fifo"], TRUTH)[0], specs)
+    for job in replay.jobs:
+        assert job.submit_time == 0.0
+        assert job.queue_s == pytest.approx(7.0)
+        assert job.jct_s == pytest.approx(100 * alone + 7.0)
+    fid = whatif.fidelity(jobs, replay)
+    assert fid.jobs_within_pct == 100.0 and fid.mean_diff_pct == pytest.approx(0.0, abs=1e-9)
+    with pytest.raises(ValueError, match="decision delay"):
+        whatif.delayed(specs, -1.0)

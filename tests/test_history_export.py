@@ -217,6 +217,10 @@ async def test_finished_jobs_export_as_a_trace_the_simulator_replays(live: Api, 
         if rate > 0:
             assert row["measured_iteration_s"] == pytest.approx(
                 row["batch_size"] / rate, rel=1e-5)
+            # the node says which shape of run the speed is of
+            progress = record["progress"]
+            assert (progress["batch_size"], progress["gpus"]) == (row["batch_size"],
+                                                                  row["gpus"])
         else:
             assert "measured_iteration_s" not in row
         if rate > 0 and record["placement"]:
@@ -527,6 +531,49 @@ def test_the_measured_iteration_is_left_out_when_a_resize_changed_the_shape():
     assert rows[1].measured_iteration_s == 64 / 320.0
     assert rows[1].measured_gpu_model is None  # node-0 is not registered
     assert math.isclose(rows[1].submit_time, 1.0)
+
+
+def test_a_job_resized_and_back_exports_only_a_speed_of_its_own_shape():
+    from gpusched.services.admission.history import export
+
+    def resized(job_id: str, at: float, progress: Progress) -> JobRecord:
+        # ones: 1 GPU, resized to 2 and back to 1; the last run ended before reporting,
+        # so the record keeps the 2-GPU run's speed (twice the samples a second)
+        base = record(job_id, "alpha", at, JobState.SUCCEEDED, 1000, gpus=1)
+        history = [*base.history[:1],
+                   StateChange(JobState.RUNNING, at + 1, "started"),
+                   StateChange(JobState.RUNNING, at + 2, "resized to batch 64 on 2 GPUs"),
+                   StateChange(JobState.RUNNING, at + 3, "resized to batch 64 on 1 GPUs"),
+                   StateChange(JobState.SUCCEEDED, at + 4, "finished")]
+        return msgspec.structs.replace(base, history=history, gpus=1, batch_size=64,
+                                       progress=progress)
+
+    two_gpu_run = Progress(iteration=1000, samples_per_s=640.0, batch_size=64, gpus=2)
+    own_run = Progress(iteration=1000, samples_per_s=320.0, batch_size=64, gpus=1)
+    unstamped = Progress(iteration=1000, samples_per_s=640.0)
+    rows = export(
+        [resized("ja", 1_000.0, two_gpu_run), resized("jb", 1_001.0, own_run),
+         resized("jc", 1_002.0, unstamped)],
+        [], None, None, all_tenants=False, tenant="alpha",
+    ).jobs
+    by_id = {row.job_id: row for row in rows}
+    assert by_id["ja"].measured_iteration_s is None  # not 64 / 640: another shape's
+    assert by_id["jb"].measured_iteration_s == 64 / 320.0
+    # without the run's shape, a job that changed shape keeps no figure
+    assert by_id["jc"].measured_iteration_s is None
+
+
+def test_an_unstamped_speed_of_a_preempted_job_is_left_out_and_a_stamped_one_kept():
+    from gpusched.services.admission.history import export
+
+    base = record("ja", "alpha", 1_000.0, JobState.SUCCEEDED, 1000)
+    preempted = msgspec.structs.replace(base, preemptions=1)
+    stamped = msgspec.structs.replace(
+        preempted, id="jb", progress=Progress(iteration=1000, samples_per_s=320.0,
+                                              batch_size=64, gpus=1))
+    rows = export([preempted, stamped], [], None, None, all_tenants=False,
+                  tenant="alpha").jobs
+    assert [row.measured_iteration_s for row in rows] == [None, 64 / 320.0]
 
 
 def test_a_job_that_succeeded_without_reporting_progress_counts_its_declared_total():

@@ -106,6 +106,10 @@ class Progress(msgspec.Struct, frozen=True):
     epoch: float | None = None
     accuracy: float | None = None
     lr: float | None = None
+    #: the global batch and GPU count of the run whose speed ``samples_per_s`` is (None:
+    #: not said, as before nodes stamped it)
+    batch_size: int | None = None
+    gpus: int | None = None
 
 
 class JobRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -187,7 +187,8 @@ def export(
     if unmeasured:
         notes.append(
             f"{unmeasured} of {len(jobs)} jobs have no measured_iteration_s: they finished "
-            "before their node reported a speed, or a resize changed their shape"
+            "before their node reported a speed, or the last speed reported was of a run "
+            "in another shape (a resize)"
         )
     return HistoryExport(
         since=since,
@@ -300,14 +301,29 @@ def _live_times(record: JobRecord) -> tuple[float | None, float | None]:
 def _measured(
     record: JobRecord, nodes: Mapping[str, NodeInfo]
 ) -> tuple[float | None, str | None]:
-    """Seconds per iteration of the job's last reported speed, when it ran in the shape
-    it was submitted in (a resize changes the iteration); the GPU model of the node it
-    ran on, where the record still names it and the node is registered."""
-    rate = record.progress.samples_per_s
+    """Seconds per iteration of the job's last reported speed, when that speed is of a
+    run in the shape the row describes (the spec's batch and GPUs: a resize changes the
+    iteration); the GPU model of the node it ran on, where the record still names it and
+    the node is registered.
+
+    A record keeps the last progress a run reported, across runs: a job resized from 1
+    GPU to 2 and back whose last run ended before reporting keeps the 2-GPU run's speed.
+    Nodes stamp each progress with its run's shape (``Progress.batch_size``/``gpus``),
+    and a speed of another shape is not exported. A progress without the stamp (from
+    before it, or of a run whose end reported its own progress) is exported only for a
+    job that ran in one shape throughout: never preempted or resized and still in the
+    spec's shape."""
+    progress = record.progress
+    rate = progress.samples_per_s
     spec = record.spec
-    if (record.batch_size or spec.batch_size) != spec.batch_size or (
+    if not (rate > 0 and math.isfinite(rate)):
+        return None, None
+    if progress.batch_size is not None or progress.gpus is not None:
+        if (progress.batch_size, progress.gpus) != (spec.batch_size, spec.gpus):
+            return None, None
+    elif (record.batch_size or spec.batch_size) != spec.batch_size or (
         record.gpus or spec.gpus
-    ) != spec.gpus or not (rate > 0 and math.isfinite(rate)):
+    ) != spec.gpus or record.preemptions or _resized(record):
         return None, None
     model = None
     if record.placement:
@@ -318,6 +334,11 @@ def _measured(
             model = models.most_common(1)[0][0] if models else None
     # six significant digits: a reported rate is no more precise than that
     return float(f"{spec.batch_size / rate:.6g}"), model
+
+
+def _resized(record: JobRecord) -> bool:
+    """Whether the record's history shows a resize in place."""
+    return any(change.reason.startswith("resized") for change in record.history)
 
 
 def _cluster(nodes: Iterable[NodeInfo]) -> tuple[ClusterShape, str | None, list[str]]:

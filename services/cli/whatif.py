@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
 
 #: a mistake in what the user gave
 USAGE_EXIT = 2
+#: the simulator's restart overhead unless told otherwise (SimConfig's)
+RESTART_OVERHEAD_S = 30.0
 
 
 def register(history_app: typer.Typer) -> None:
@@ -54,10 +57,47 @@ def register(history_app: typer.Typer) -> None:
             typer.Option(help="Research data folder, as the admission service was given "
                          "(for models the built-in profiles lack)."),
         ] = None,
+        restart_overhead_s: Annotated[
+            float,
+            typer.Option(min=0.0, help="Seconds a preempted or resized job spends restoring "
+                         "when it restarts. Emulated nodes resume a run at once: 0 for "
+                         "their exports."),
+        ] = RESTART_OVERHEAD_S,
+        round_s: Annotated[
+            float | None,
+            typer.Option(help="Call the policy every S seconds of the jobs' own time as "
+                         "well as when jobs arrive or end, as the live scheduler decides "
+                         "every decide_every_s of wall time (at time scale T: "
+                         "decide_every_s / T). Default: only on events."),
+        ] = None,
+        decision_delay_s: Annotated[
+            float,
+            typer.Option(min=0.0, help="Each job reaches the policy this many seconds of "
+                         "its own time after its submission (the live submission, round "
+                         "and start command); its completion time still counts from the "
+                         "submission. Ends are not delayed."),
+        ] = 0.0,
     ) -> None:
         """Replay your exported jobs under every policy and compare each with what the
         live cluster really did: mean and p99 JCT, mean queueing, GPU-hours."""
-        _whatif(context, trace, policy, cluster, out, data_dir)
+        _whatif(context, trace, policy, cluster, out, data_dir,
+                Replay(restart_overhead_s, round_s, decision_delay_s))
+
+
+@dataclass(frozen=True)
+class Replay:
+    """How the replay runs: the simulator's restart overhead and rounds, and the delay
+    before each job reaches the policy (seconds of the jobs' own time)."""
+
+    restart_overhead_s: float = RESTART_OVERHEAD_S
+    round_s: float | None = None
+    decision_delay_s: float = 0.0
+
+    def note(self) -> str:
+        rounds = "on events only" if self.round_s is None else (
+            f"on events and every {self.round_s:g} s")
+        return (f"replay: restart overhead {self.restart_overhead_s:g} s, policy called "
+                f"{rounds}, jobs reach it {self.decision_delay_s:g} s after submission")
 
 
 def _whatif(
@@ -67,6 +107,7 @@ def _whatif(
     cluster: str | None,
     out: Path | None,
     data_dir: Path | None,
+    settings: Replay | None = None,
 ) -> None:
     from gpusched.libs.core.perf import UnknownModelError
     from gpusched.libs.core.traces import TraceError, load_trace
@@ -76,10 +117,11 @@ def _whatif(
         InputError,
         build_models,
         check_policies,
+        check_round_s,
         load_workload,
         run_policies,
     )
-    from gpusched.services.scheduler.simulation.simulator import PolicyViolation
+    from gpusched.services.scheduler.simulation.simulator import PolicyViolation, SimConfig
 
     out_console, err = Console(), Console(stderr=True)
     if not out_console.is_terminal:
@@ -87,6 +129,14 @@ def _whatif(
     if not trace.is_file():
         _fail(err, f"TRACE {trace}: no such file (write one with `gpusched history export "
               "--out FILE.csv`)")
+    settings = settings or Replay()
+    try:
+        check_round_s(settings.round_s)
+    except InputError as exc:
+        _fail(err, str(exc))
+    if not math.isfinite(settings.decision_delay_s):
+        _fail(err, f"--decision-delay-s {settings.decision_delay_s:g}: expected seconds >= 0")
+    config = SimConfig(restart_overhead_s=settings.restart_overhead_s, round_s=settings.round_s)
     named = [p.strip() for item in policy or [] for p in item.split(",") if p.strip()]
     try:
         names = check_policies(named)
@@ -112,7 +162,9 @@ def _whatif(
         _fail(err, "no policy left to replay the jobs with")
     live, live_note = figures.live_figures(exported)
     try:
-        results = run_policies(workload.jobs, built, names, truth)
+        arriving = figures.delayed(workload.jobs, settings.decision_delay_s)
+        results = [figures.from_submission(result, workload.jobs) for result in
+                   run_policies(arriving, built, names, truth, config=config)]
     except PolicyViolation as exc:
         _fail(err, f"policy broke a cluster invariant: {exc}", code=1)
     replayed = [figures.simulated_figures(result) for result in results]
@@ -127,9 +179,11 @@ def _whatif(
                                "really ran", style="dim"), soft_wrap=True)
     out_console.print(Text(figures.best_line(winner, live)), soft_wrap=True)
     out_console.print(Text(f"timing: {measured_note}", style="dim"), soft_wrap=True)
+    out_console.print(Text(settings.note(), style="dim"), soft_wrap=True)
     if out is not None:
-        _write(out_console, err, context, out, results, built, [*workload.notes, measured_note],
-               live, replayed, winner, live_note)
+        _write(out_console, err, context, out, results, built,
+               [*workload.notes, measured_note, settings.note()], live, replayed, winner,
+               live_note)
 
 
 def _cluster(err: Console, trace: Path, cluster: str | None, data_dir: Path | None) -> Cluster:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Collection
 from typing import Any
 
+import msgspec
 from nats.aio.client import Client
 
 from gpusched.libs.common import codec, subjects
@@ -123,7 +124,12 @@ class Reporter:
         for run in list(runs):
             if run.kind == "held" or not run.start.leader:
                 continue
-            progress = self.progress_of(run, now)
+            # the run's shape, with the speed it is of: a record keeps the last progress
+            # across runs, resized ones included (services/admission/history.py)
+            progress = msgspec.structs.replace(
+                self.progress_of(run, now), batch_size=run.start.spec.batch_size,
+                gpus=run.start.spec.gpus,
+            )
             event = JobProgressEvent(
                 job_id=run.job_id,
                 run_id=run.run_id,

@@ -18,14 +18,14 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from gpusched.libs.core.cluster import Cluster
 from gpusched.libs.core.convergence import Convergence
+from gpusched.libs.core.jobs import JobSpec
 from gpusched.libs.core.perf import ConvergenceSource, DelegatingModel, PerformanceModel
 from gpusched.libs.core.traces import TraceJob
-from gpusched.services.scheduler.policies import POLICIES, make_policy
 from gpusched.services.scheduler.simulation.results import SimResult, percentile
 
 #: the row of the live cluster's own figures
@@ -240,13 +240,8 @@ def measured_over(
     measured = sum(job.measured_iteration_s is not None for job in jobs)
     if not measured:
         return perf, "no job has a measured iteration time: the replay times every job by the model"
-    policy = live_policy(jobs)
-    if policy in POLICIES and make_policy(policy).capabilities.resizes:
-        # a job resized back to its own shape may keep the speed its last report gave,
-        # of a run in another shape: such a figure looks up to GPUs-fold too fast
-        return perf, (f"the live policy {policy} resizes jobs, and a measured iteration time "
-                      "may be of a run in another shape: the replay times every job by the "
-                      "model")
+    # the export gives a job a measured time only where its speed was of a run in the
+    # job's own shape (services/admission/history.py), resized jobs included
     factors = measured_factors(jobs, perf, cluster)
     if not factors:
         return perf, (f"{measured} of {len(jobs)} jobs have a measured iteration time; the "
@@ -256,6 +251,36 @@ def measured_over(
         f"{measured} of {len(jobs)} jobs have a measured iteration time; the replay times "
         f"{len(factors)} model(s) by the fastest measured, against the model's: {said}"
     )
+
+
+# ------------------------------------------------------------------- decision delay
+
+
+def delayed(jobs: Sequence[JobSpec], delay_s: float) -> list[JobSpec]:
+    """``jobs`` each reaching the policy ``delay_s`` after its submission, as a live
+    job's submission, the round that places it and its start command take a while
+    (``from_submission`` counts the replay's times from the real submissions again).
+    Deadlines stay where they were. Only arrivals are delayed: a job started after
+    another's end starts at that end."""
+    if delay_s < 0 or not math.isfinite(delay_s):
+        raise ValueError(f"decision delay must be a finite number >= 0, got {delay_s!r}")
+    if delay_s == 0:
+        return list(jobs)
+    return [replace(job, submit_time=job.submit_time + delay_s) for job in jobs]
+
+
+def from_submission(result: SimResult, jobs: Sequence[JobSpec]) -> SimResult:
+    """``result``, a replay of ``delayed(jobs, ...)``, with every job's times counted
+    from its submission in ``jobs``: its completion time and its queueing grow by its
+    delay."""
+    submitted = {job.job_id: job.submit_time for job in jobs}
+    outcomes = []
+    for outcome in result.jobs:
+        at = submitted.get(outcome.job_id, outcome.submit_time)
+        late = max(0.0, outcome.submit_time - at)
+        outcomes.append(replace(outcome, submit_time=at, queue_s=outcome.queue_s + late)
+                        if late else outcome)
+    return replace(result, jobs=tuple(outcomes))
 
 
 # --------------------------------------------------------------------- live vs replay
@@ -329,7 +354,9 @@ __all__ = [
     "MeasuredModels",
     "best",
     "best_line",
+    "delayed",
     "fidelity",
+    "from_submission",
     "live_figures",
     "live_policy",
     "live_states",
