@@ -12,12 +12,17 @@ happened live (preemptions, GPU shares, resizes) beside the replay's, the wall t
 the machine-speed figure. Targets: mean JCT within 5 %, 90 % of jobs within 10 %.
 
     python bench/fidelity.py [--policy sjf-bsbf] [--jobs 200] [--seed 0] [--nodes 4]
-        [--gpus 4] [--time-scale 0.01] [--load 1.5] [--restart-s 0] [--jitter-s 5]
-        [--floor-runs 3] [--keep DIR | --replay-only DIR]
+        [--gpus 4] [--time-scale 0.01] [--load 1.5] [--restart-s 0] [--round-s S]
+        [--decision-delay-s 0] [--jitter-s 5] [--floor-runs 3]
+        [--keep DIR | --replay-only DIR]
 
-``--restart-s`` is the replay's restart overhead per preemption or resize (the
-simulator's default is 30 s; emulated runs checkpoint and resume at once, so 0 models
-them); ``--replay-only DIR`` replays the export a ``--keep DIR`` run left there again.
+The replay runs with the live cluster's own settings in the jobs' seconds, as
+`gpusched history whatif` takes them: ``--restart-s`` (its --restart-overhead-s) per
+preemption or resize, 0 by default since emulated runs checkpoint and resume at once
+(the simulator's default is 30 s); ``--round-s`` (its --round-s), by default the live
+scheduler's round, ``decide_every_s`` (1 s) over the time scale; ``--decision-delay-s``
+(its --decision-delay-s), a delay from submission to the policy, 0 by default.
+``--replay-only DIR`` replays the export a ``--keep DIR`` run left there again.
 """
 
 from __future__ import annotations
@@ -35,9 +40,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -50,6 +55,7 @@ from gpusched.libs.core.groundtruth import ProfilePerformanceModel
 from gpusched.libs.core.perf import PerformanceModel
 from gpusched.libs.core.traces import TraceJob, load_trace
 from gpusched.libs.core.workload import materialize
+from gpusched.services.scheduler.config import SchedulerConfig
 from gpusched.services.scheduler.simulation import whatif
 from gpusched.services.scheduler.simulation.results import SimResult
 from gpusched.services.scheduler.simulation.runner import (
@@ -257,31 +263,61 @@ async def run_live(url: str, token: str, planned: Sequence[Planned], scale: floa
 # ------------------------------------------------------------------------- the replay
 
 
-def replay(trace: Path, policy: str, restart_s: float, jitter_s: float,
+@dataclass(frozen=True)
+class ReplaySettings:
+    """The replay's settings, in the jobs' own seconds (`gpusched history whatif`'s
+    --restart-overhead-s, --round-s and --decision-delay-s)."""
+
+    restart_s: float
+    #: None: the policy is called on events only
+    round_s: float | None
+    decision_delay_s: float
+
+    def config(self) -> SimConfig:
+        return SimConfig(restart_overhead_s=self.restart_s, round_s=self.round_s)
+
+
+def live_round_s(time_scale: float) -> float:
+    """The live scheduler's round interval in the jobs' own seconds: it decides every
+    ``decide_every_s`` of wall time (and on events), ``decide_every_s / time_scale`` of
+    the jobs' time."""
+    # `gpusched up` leaves the scheduler's default
+    default = next(f.default for f in fields(SchedulerConfig) if f.name == "decide_every_s")
+    return float(cast(float, default)) / time_scale
+
+
+def replay(trace: Path, policy: str, settings: ReplaySettings, jitter_s: float,
            floor_runs: int) -> dict[str, Any]:
     """The export replayed under ``policy`` as `gpusched history whatif` replays it (on
-    the cluster file beside it, models timed by their measured iteration times), set
-    beside the live figures; and the same replay set beside ``floor_runs`` replays of
-    itself with each submission delayed by up to ``jitter_s`` (the noise floor)."""
+    the cluster file beside it, models timed by their measured iteration times, with
+    ``settings``), set beside the live figures; and the same replay set beside
+    ``floor_runs`` replays of itself with each submission delayed by up to ``jitter_s``
+    more (the noise floor)."""
     exported = load_trace(trace, "native").jobs
     cluster = load_cluster_file(Path(f"{trace}.cluster.json"))
     truth, _ = build_models(None)
     timed, measured_note = whatif.measured_over(exported, truth, cluster)
-    config = SimConfig(restart_overhead_s=restart_s)
+    config = settings.config()
     jobs = load_workload(trace, "native", timed, cluster=cluster).jobs
     began = time.perf_counter()
-    result = run_policies(jobs, cluster, [policy], timed, config=config)[0]
+    arriving = whatif.delayed(jobs, settings.decision_delay_s)
+    result = whatif.from_submission(
+        run_policies(arriving, cluster, [policy], timed, config=config)[0], jobs)
     replay_wall = time.perf_counter() - began
     compared = whatif.fidelity(exported, result, WITHIN_PCT)
     live, _ = whatif.live_figures(exported)
-    floor = [noise_floor(exported, result, cluster, timed, config, jitter_s, seed)
+    floor = [noise_floor(exported, result, cluster, timed, settings, jitter_s, seed)
              for seed in range(floor_runs)]
     return {
         "replay_wall_s": replay_wall,
         "measured": measured_note,
+        "restart_s": settings.restart_s,
+        "round_s": settings.round_s,
+        "decision_delay_s": settings.decision_delay_s,
         "fidelity": compared.as_dict(),
         "live": None if live is None else live.as_dict(),
         "replayed": whatif.simulated_figures(result).as_dict(),
+        "live_wait_p50_s_of_jobs_replay_starts_at_once": prompt_wait(exported, result),
         "replay_preemptions": result.preemptions,
         "replay_shared_pairs": result.shared_pairs,
         "replay_resizes": result.resizes,
@@ -294,18 +330,31 @@ def replay(trace: Path, policy: str, restart_s: float, jitter_s: float,
     }
 
 
+def prompt_wait(exported: Sequence[TraceJob], result: SimResult) -> float | None:
+    """The median live wait of the jobs the replay starts as soon as they reach the
+    policy: the live decision delay (submission, round, start command) where no other
+    job holds them back, in the jobs' own seconds."""
+    late = {o.job_id: o.queue_s for o in result.jobs if o.preemptions == 0}
+    floor = min(late.values(), default=0.0)
+    waits = sorted(float(job.live_queue_s) for job in exported
+                   if job.live_queue_s is not None and late.get(job.job_id) == floor)
+    return waits[len(waits) // 2] if waits else None
+
+
 def noise_floor(
     exported: Sequence[TraceJob], result: SimResult, cluster: Cluster,
-    timed: PerformanceModel, config: SimConfig, jitter_s: float, seed: int,
+    timed: PerformanceModel, settings: ReplaySettings, jitter_s: float, seed: int,
 ) -> whatif.Fidelity:
     """``result`` (the replay) taken as the live run, against a replay whose
-    submissions each come up to ``jitter_s`` later (seeded), as a live cluster's
-    decisions do: how far apart two runs of the same policy land on their own."""
+    submissions each come up to ``jitter_s`` later (seeded) than ``result``'s, as a live
+    cluster's decisions do: how far apart two runs of the same policy land on their
+    own."""
     rng = random.Random(seed)
-    jittered = [replace(job, submit_time=job.submit_time + rng.uniform(0, jitter_s))
+    late = settings.decision_delay_s
+    jittered = [replace(job, submit_time=job.submit_time + late + rng.uniform(0, jitter_s))
                 for job in exported]
     again = run_policies(materialize(jittered, timed, seed=0, cluster=cluster), cluster,
-                         [result.policy], timed, config=config)[0]
+                         [result.policy], timed, config=settings.config())[0]
     submitted = {job.job_id: job.submit_time for job in exported}
     # completion times from the jobs' own submissions, as the live ones count
     again = replace(again, jobs=tuple(replace(o, submit_time=submitted[o.job_id])
@@ -324,6 +373,12 @@ def verdict(fid: dict[str, Any]) -> str:
             f"{WITHIN_PCT:g}% (target {TARGET_JOBS_PCT:g}%: {'met' if jobs_ok else 'missed'})")
 
 
+def settings(args: argparse.Namespace) -> ReplaySettings:
+    """The replay's settings: the options given, the live cluster's round by default."""
+    round_s = live_round_s(args.time_scale) if args.round_s is None else args.round_s
+    return ReplaySettings(args.restart_s, round_s or None, args.decision_delay_s)
+
+
 def live_then_replay(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     planned = workload(args.jobs, args.seed, args.nodes * args.gpus, args.load)
     trace = work / "history.csv"
@@ -338,7 +393,7 @@ def live_then_replay(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "live_wall_s": live.wall_s, "live_states": live.states(),
         "live_preemptions": live.preemptions, "live_shared_pairs": live.shared_pairs,
         "live_resizes": live.resizes,
-        **replay(trace, args.policy, args.restart_s, args.jitter_s, args.floor_runs),
+        **replay(trace, args.policy, settings(args), args.jitter_s, args.floor_runs),
     }
 
 
@@ -355,6 +410,13 @@ def main() -> None:
                         help="offered GPU load while jobs arrive (1: the cluster's GPUs)")
     parser.add_argument("--restart-s", type=float, default=0.0,
                         help="the replay's restart overhead per preemption or resize")
+    parser.add_argument("--round-s", type=float,
+                        help="the replay's round interval, in the jobs' seconds (0: on "
+                        "events only); default: the live scheduler's decide_every_s over "
+                        "the time scale")
+    parser.add_argument("--decision-delay-s", type=float, default=0.0,
+                        help="the replay's delay from a submission to the policy seeing "
+                        "the job, in the jobs' seconds")
     parser.add_argument("--jitter-s", type=float, default=5.0,
                         help="noise floor: submissions come up to this much later")
     parser.add_argument("--floor-runs", type=int, default=3,
@@ -367,7 +429,7 @@ def main() -> None:
     began = time.perf_counter()
     figures: dict[str, Any] = {"policy": args.policy, "machine_speed_s": speed}
     if args.replay_only is not None:
-        figures.update(replay(args.replay_only / "history.csv", args.policy, args.restart_s,
+        figures.update(replay(args.replay_only / "history.csv", args.policy, settings(args),
                               args.jitter_s, args.floor_runs))
     else:
         if args.keep is not None and args.keep.exists():
@@ -378,7 +440,6 @@ def main() -> None:
         finally:
             if args.keep is None:
                 shutil.rmtree(work, ignore_errors=True)
-    figures["restart_s"] = args.restart_s
     figures["wall_s"] = time.perf_counter() - began
     print(json.dumps(figures, indent=2, default=lambda v: round(v, 4)))
     print(verdict(figures["fidelity"]))
