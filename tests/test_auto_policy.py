@@ -50,14 +50,14 @@ def test_the_floor_of_the_bound_holds_for_a_short_job() -> None:
 def test_auto_shares_no_gpu_unless_a_cap_is_given() -> None:
     snap = snapshot(cluster(1, 1), SHARING_PERF, [pending("a", 5)], [running("r", 100, (0,), "b")])
     # t_seq = 100 + 5 = 105 against t_con = 100/2 + (1 - 1/4) * 1.2 * 5 = 54.5: it pays
-    assert Auto().decide(snap).starts == ()
+    assert Auto(preempt=False).decide(snap).starts == ()
     assert not Auto().capabilities.shares_gpus
-    sharing = make_policy("auto", max_resident_slowdown=2.0)
-    assert sharing.capabilities.shares_gpus
+    assert make_policy("auto", max_resident_slowdown=2.0).capabilities.shares_gpus
+    sharing = Auto(preempt=False, max_resident_slowdown=2.0)
     (start,) = sharing.decide(snap).starts
     assert start.shares_with == ("r",) and start.gpu_ids == (0,)
     # the resident would be slowed 2x: a cap of 1.5 refuses the pair
-    assert make_policy("auto", max_resident_slowdown=1.5).decide(snap).starts == ()
+    assert Auto(preempt=False, max_resident_slowdown=1.5).decide(snap).starts == ()
 
 
 def test_a_shared_start_never_takes_an_idle_gpu_nor_joins_a_job_started_with_it() -> None:
@@ -67,10 +67,39 @@ def test_a_shared_start_never_takes_an_idle_gpu_nor_joins_a_job_started_with_it(
         cluster(1, 2), SHARING_PERF, [pending("a", 5), pending("a2", 6)],
         [running("r", 100, (0,), "b")],
     )
-    decision = make_policy("auto", max_resident_slowdown=2.0).decide(snap)
+    decision = Auto(preempt=False, max_resident_slowdown=2.0).decide(snap)
     by_id = {s.job_id: s for s in decision.starts}
     assert by_id["a"].gpu_ids == (1,) and by_id["a"].shares_with == ()
     assert by_id["a2"].gpu_ids == (0,) and by_id["a2"].shares_with == ("r",)
+
+
+def test_a_long_running_job_is_preempted_for_a_short_one_that_then_takes_its_gpu() -> None:
+    # virtual work: r 1,000 GPU-s against a's 10; r's 30 s restart is under half its 1,000 s
+    snap = snapshot(cluster(1, 1), PERF, [pending("a", 10)], [running("r", 1000, (0,))])
+    decision = Auto().decide(snap)
+    assert [p.job_id for p in decision.preemptions] == ["r"]
+    assert [(s.job_id, s.gpu_ids) for s in decision.starts] == [("a", (0,))]
+    assert Auto().preemptive and not Auto(preempt=False).preemptive
+    assert Auto(preempt=False).decide(snap).preemptions == ()
+
+
+def test_a_job_near_its_end_is_not_preempted_since_its_restart_costs_too_much() -> None:
+    # 40 s left: a 30 s restart is more than half of it
+    snap = snapshot(cluster(1, 1), PERF, [pending("a", 10)], [running("r", 40, (0,))])
+    decision = Auto().decide(snap)
+    assert decision.preemptions == () and decision.starts == ()
+
+
+def test_a_preempted_job_waits_its_turn_and_others_keep_running() -> None:
+    # two GPUs: r (long) and s (short) run; a 1-GPU job arrives; only r is worth
+    # preempting, and r does not start again in the same decision
+    snap = snapshot(
+        cluster(1, 2), PERF, [pending("a", 10)],
+        [running("r", 5000, (0,)), running("s", 20, (1,))],
+    )
+    decision = Auto().decide(snap)
+    assert [p.job_id for p in decision.preemptions] == ["r"]
+    assert [(s.job_id, s.gpu_ids) for s in decision.starts] == [("a", (0,))]
 
 
 def test_a_time_scaled_auto_scales_the_floor_of_its_bound() -> None:

@@ -32,7 +32,7 @@ def test_every_policy_declares_its_capabilities(name: str) -> None:
     assert can.shares_gpus == (name in ("sjf-ffs", "sjf-bsbf"))
     assert can.tunes_cpu_mem == name.startswith("synergy-")
     assert (can.without_deadlines is not None) == (name in ("edf", "genie", "auto"))
-    assert bool(can.extra_sorts) == (name == "tiresias")
+    assert bool(can.extra_sorts) == (name in ("tiresias", "auto"))
 
 
 def test_the_protocols_name_what_takes_an_argument_or_changes_during_a_run() -> None:

@@ -13,7 +13,16 @@ combines them; each rule below names where it comes from).
    ``max_wait_factor`` times its own predicted run time, and at least ``min_wait_s``,
    goes to the head of the queue, longest waiting first: shortest-first orders starve
    long jobs under sustained load, and this bounds how long they can be passed over.
-3. **GPU sharing: SJF-BSBF's benefit rule** (``sjf_bsbf.py``), off unless a cap on the
+3. **Preemption: A-SRPT's rank and restart bound** (``asrpt.py``). A-SRPT ranks every
+   job, running or queued, by its remaining virtual work (GPUs x predicted remaining
+   time, a preempted job charged its 30 s restart) and would preempt a running job
+   ranked below a queued one whose restart costs at most half its predicted remaining
+   time. ``auto`` takes those victims, lets GENIE decide again as if they were queued,
+   and preempts a victim only where GENIE then starts another job on its GPUs (the
+   victim waits its turn; it does not start again in the same decision). Measured, it
+   is what lowers the mean JCT most (docs/results.md, "auto"); ``preempt=False`` turns it
+   off.
+4. **GPU sharing: SJF-BSBF's benefit rule** (``sjf_bsbf.py``), off unless a cap on the
    resident's slowdown is given (``max_resident_slowdown``, CLI
    ``--max-resident-slowdown``): then a job GENIE left waiting may join a running job's
    GPUs, with gradient accumulation where that is what fits, when SJF-BSBF's pairwise
@@ -27,20 +36,28 @@ combines them; each rule below names where it comes from).
 
 Not yet part of ``auto``: Synergy's CPU/memory tuning, ONES's elastic resizing and a
 GPU-type-aware placement; on a workload that needs them the seed policy does better.
+Sharing is not combined with preemption in one decision: a decision that preempts
+shares nothing.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field, replace
 
-from gpusched.libs.core.decision import Decision, Start
+from gpusched.libs.core.decision import Decision, Preempt, Start
+from gpusched.libs.core.lifecycle import JobState
 from gpusched.libs.core.snapshot import JobView, Snapshot
+from gpusched.services.scheduler.policies.asrpt import Asrpt
 from gpusched.services.scheduler.policies.base import Capabilities, QueueSort
-from gpusched.services.scheduler.policies.genie import GENIE_CAPABILITIES, SLACK_ORDER, Genie
+from gpusched.services.scheduler.policies.genie import SLACK_ORDER, Genie
 from gpusched.services.scheduler.policies.sjf_bsbf import SjfBsbf, resident_cap_problem
 
-AUTO_CAPABILITIES = Capabilities(without_deadlines=GENIE_CAPABILITIES.without_deadlines)
+AUTO_CAPABILITIES = Capabilities(
+    without_deadlines="its deadline order and admission had nothing to act on: it ran "
+    "jobs shortest predicted run time first, with backfill and A-SRPT's preemptions"
+)
 AUTO_SHARING_CAPABILITIES = replace(AUTO_CAPABILITIES, shares_gpus=True)
 
 
@@ -50,7 +67,6 @@ class Auto:
     and SJF-BSBF's sharing for the jobs left waiting (see the module)."""
 
     name: str = "auto"
-    preemptive: bool = False
     #: a job waiting longer than this many times its predicted run time (and at least
     #: ``min_wait_s``) goes to the head of the queue
     max_wait_factor: float = 10.0
@@ -58,7 +74,12 @@ class Auto:
     #: the most a resident may be slowed by a job joining its GPUs; 0: no sharing, None:
     #: SJF-BSBF's benefit rule with no cap
     max_resident_slowdown: float | None = 0.0
+    #: A-SRPT's preemption: a running job ranked below a queued one by remaining
+    #: virtual work, and whose restart costs at most half its predicted remaining time,
+    #: is preempted when GENIE then gives its GPUs to another job
+    preempt: bool = True
     _genie: Genie = field(default_factory=Genie, compare=False, repr=False)
+    _asrpt: Asrpt = field(default_factory=Asrpt, compare=False, repr=False)
     _sharing: SjfBsbf | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -83,17 +104,29 @@ class Auto:
         return replace(self, min_wait_s=self.min_wait_s * time_scale, _sharing=None)
 
     @property
+    def preemptive(self) -> bool:
+        return self.preempt
+
+    @property
     def queue_sort(self) -> QueueSort:
         return SLACK_ORDER
 
     @property
     def capabilities(self) -> Capabilities:
-        return AUTO_CAPABILITIES if self._sharing is None else AUTO_SHARING_CAPABILITIES
+        can = AUTO_CAPABILITIES if self._sharing is None else AUTO_SHARING_CAPABILITIES
+        if self.preempt:
+            # the driver keeps the queue in A-SRPT's rank too (Snapshot.orders)
+            return replace(can, extra_sorts=(self._asrpt.queue_sort,))
+        return can
 
     def decide(self, snapshot: Snapshot) -> Decision:
         snapshot = self._starving_first(snapshot)
-        decision = self._genie.decide(snapshot)
-        if self._sharing is None or not snapshot.running:
+        decision = None
+        if self.preempt and snapshot.pending and snapshot.running:
+            decision = self._preempting(snapshot)
+        if decision is None:
+            decision = self._genie.decide(snapshot)
+        if self._sharing is None or not snapshot.running or decision.preemptions:
             return decision
         started = {s.job_id for s in decision.starts}
         waiting = tuple(
@@ -115,6 +148,50 @@ class Auto:
             wake_at=min(wakes) if wakes else None,
         )
 
+    def _preempting(self, snapshot: Snapshot) -> Decision | None:
+        """A-SRPT's preemptions where GENIE, deciding without the victims, gives their
+        GPUs to other jobs: the victims so taken and GENIE's starts; None where A-SRPT
+        preempts nobody or GENIE would give no victim's GPUs away."""
+        ranked = self._asrpt.queue_sort
+        by_rank = snapshot.orders.get(ranked.name)
+        asrpt_view = replace(
+            snapshot,
+            pending=by_rank if by_rank is not None else tuple(
+                sorted(snapshot.pending, key=ranked.key)
+            ),
+            queue_order=ranked.name,
+        )
+        victims = {p.job_id for p in self._asrpt.decide(asrpt_view).preemptions}
+        if not victims:
+            return None
+        decision = self._genie.decide(_without(snapshot, victims))
+        held = {j.job_id: set(j.gpu_ids) for j in snapshot.running if j.job_id in victims}
+        # a victim does not start again in the same decision (it waits its turn), and is
+        # preempted only where another start takes its GPUs; a start on a spared victim's
+        # GPUs is dropped, which may spare another victim: until nothing changes
+        starts = [s for s in decision.starts if s.job_id not in victims]
+        while True:
+            taken = {
+                v for v, its in held.items() if any(its.intersection(s.gpu_ids) for s in starts)
+            }
+            spared = set().union(*(its for v, its in held.items() if v not in taken))
+            kept = [s for s in starts if not spared.intersection(s.gpu_ids)]
+            if len(kept) == len(starts):
+                break
+            starts = kept
+        if not taken:
+            return None
+        return Decision(
+            starts=tuple(starts),
+            preemptions=tuple(
+                Preempt(v, "a queued job has less virtual work left (A-SRPT's rank)")
+                for v in sorted(taken)
+            ),
+            reasons={k: v for k, v in decision.reasons.items() if k not in victims},
+            default_reason=decision.default_reason,
+            wake_at=decision.wake_at,
+        )
+
     def _starving_first(self, snapshot: Snapshot) -> Snapshot:
         """The snapshot with the jobs waiting past their bound at the head of the queue
         (longest waiting first), the rest in GENIE's order; itself when none is."""
@@ -132,8 +209,58 @@ class Auto:
             snapshot.pending, key=SLACK_ORDER.key
         )
         rest = [j for j in ordered if j.job_id not in first]
-        return replace(snapshot, pending=(*starving, *rest), queue_order=SLACK_ORDER.name,
-                       orders={})
+        return replace(snapshot, pending=(*starving, *rest), queue_order=SLACK_ORDER.name)
+
+
+def _requeued(job: JobView, now: float) -> JobView:
+    """A running job's view once it is preempted now: queued, with what it has left."""
+    return replace(
+        job, state=JobState.QUEUED, gpu_ids=(), accum_steps=1, progress_rate=0.0,
+        started_at=0.0, cpus=None, mem_gb=None, epoch_s=None, queued_since=now,
+        est_remaining_s=job.remaining_s(now), as_of=now,
+        attained_gpu_s=job.attained_gpu_s + max(0.0, now - job.as_of) * job.gpus,
+        preemptions=job.preemptions + 1,
+    )
+
+
+def _without(snapshot: Snapshot, victims: set[str]) -> Snapshot:
+    """The snapshot once ``victims`` are preempted: queued again in GENIE's order, their
+    GPUs free (a GPU they shared keeps its other job and that job's memory)."""
+    now = snapshot.now
+    key = SLACK_ORDER.key
+    load, used = list(snapshot.gpu_load), list(snapshot.gpu_mem_used)
+    node_free, gpu_node = list(snapshot.node_free), snapshot.cluster.gpu_node
+    running: list[JobView] = []
+    back: list[JobView] = []
+    for job in snapshot.running:
+        if job.job_id not in victims:
+            running.append(job)
+            continue
+        back.append(_requeued(job, now))
+        mem = snapshot.estimates.gpu_memory_mb(
+            job.model, job.batch_size / (job.gpus * max(1, job.accum_steps))
+        )
+        for gpu in job.gpu_ids:
+            load[gpu] -= 1
+            used[gpu] = max(0.0, used[gpu] - mem) if load[gpu] else 0.0
+            if not load[gpu]:
+                node_free[gpu_node[gpu]] += 1
+    back.sort(key=key)
+    pending = snapshot.pending if snapshot.queue_order == SLACK_ORDER.name else sorted(
+        snapshot.pending, key=key
+    )
+    return replace(
+        snapshot,
+        pending=tuple(heapq.merge(pending, back, key=key)),
+        running=tuple(running),
+        gpu_load=tuple(load),
+        gpu_mem_used=tuple(used),
+        node_free=tuple(node_free),
+        queue_order=SLACK_ORDER.name,
+        orders={},
+        index=None,
+        _by_id={},
+    )
 
 
 def _only_residents(

@@ -5,6 +5,7 @@ waits (``Plan``), and the plans kept across decisions (``PlansKept``)."""
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -164,11 +165,19 @@ class Timeline:
                 ((end, node, count) for end, freed in self._mine for node, count in freed.items()),
             )
         )  # fmt: skip
+        total = sum(idle)
         for at, node, count in events:
             if node in held:
                 continue
             idle[node] += count
-            ranks = consolidated(gpus, idle)  # where FreeGpus.take would put it
+            total += count
+            # where FreeGpus.take would put it spans the fewest nodes whose idle GPUs
+            # hold it, taken most idle first: at most ``most`` of them exactly when the
+            # ``most`` nodes with the most idle GPUs hold it (looked at before the
+            # placement itself, which costs a sort of the nodes)
+            if total < gpus or (most < len(idle) and sum(heapq.nlargest(most, idle)) < gpus):
+                continue
+            ranks = consolidated(gpus, idle)
             if ranks is not None and len(chosen := tuple(dict.fromkeys(ranks))) <= most:
                 return at, chosen
         return None
