@@ -164,3 +164,27 @@ async def test_a_priority_the_leading_policy_cannot_honour_is_refused_naming_the
             assert response.status == 201, await response.text()
         async with session.get(f"{url}/v1/jobs") as response:
             assert [j["spec"]["name"] for j in (await response.json())["jobs"]] == ["plain"]
+
+
+async def test_under_auto_a_long_running_job_makes_way_for_a_short_one_and_runs_again(
+    nats_server, tmp_path, monkeypatch
+):
+    async with one_gpu(nats_server, tmp_path, monkeypatch, "auto") as (session, url):
+        blocker = await submit(session, url, job("blocker", BLOCKER_ITERATIONS))
+        await record_when(session, url, blocker, in_state("RUNNING"), timeout_s=STEP_S)
+        short = await submit(session, url, job("short"))
+        done = await record_when(session, url, short, in_state("SUCCEEDED"),
+                                 timeout_s=3 * STEP_S)
+        # the blocker (about half an hour left) was preempted for the short job (about a
+        # second), and starts again once the GPU is free
+        again = await record_when(
+            session, url, blocker,
+            lambda r: r["state"] == "RUNNING"
+            and any(h["state"] == "PREEMPTED" for h in r["history"]),
+            timeout_s=3 * STEP_S,
+        )
+        preempted_at = min(h["at"] for h in again["history"] if h["state"] == "PREEMPTED")
+        finished_at = max(h["at"] for h in done["history"] if h["state"] == "SUCCEEDED")
+        assert first_run(again) < first_run(done) < finished_at
+        assert preempted_at < finished_at  # it made way, rather than the short job waiting
+        await cancel(session, url, blocker)
