@@ -91,7 +91,10 @@ def simulate(
     context: typer.Context,
     out: Annotated[Path, typer.Option(help="Folder for summary.json, jobs.csv and plots.")],
     trace: Annotated[
-        str | None, typer.Option(help="Trace file, or synthetic:N for N generated jobs.")
+        str | None, typer.Option(
+            help="Trace file, or generated jobs: synthetic:N, recurring:N, synergy:N, "
+            "mixed:N[,load=L,...] (README, docs/trace-format.md)."
+        )
     ] = None,
     fmt: Annotated[
         TraceFormat | None,
