@@ -54,6 +54,13 @@ def test_without_a_terminal_it_announces_the_run_and_prints_a_line_per_finished_
     assert announce[0] < finished[0]
 
 
+def _sigint_as_a_terminal_gives_it() -> None:
+    """A process started in the background of a shell (`cmd &`, as a CI runner may start
+    the suite) inherits SIGINT ignored, and Python then installs no KeyboardInterrupt
+    handler: the child gets SIGINT's default, as a command typed at a terminal does."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_writes_the_policies_that_finished_and_exits_130(tmp_path: Path):
     out = tmp_path / "out"
     # fifo finishes in seconds; synergy-las, which looks at the whole queue each decision,
@@ -62,7 +69,7 @@ def test_ctrl_c_writes_the_policies_that_finished_and_exits_130(tmp_path: Path):
             "fifo,synergy-las")
     process = subprocess.Popen(
         command(out, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=env(), cwd=tmp_path,
+        env=env(), cwd=tmp_path, preexec_fn=_sigint_as_a_terminal_gives_it,
     )  # fmt: skip
     assert process.stderr is not None and process.stdout is not None
     seen = []
