@@ -33,7 +33,7 @@ from gpusched.services.scheduler.live.effects import (
     job_of,
 )
 from gpusched.services.scheduler.live.messages import StartResult
-from gpusched.services.scheduler.live.state import Phase
+from gpusched.services.scheduler.live.state import Phase, build_snapshot
 
 
 def core_with_node(policy: str = "fifo", gpus: int = 2, **settings: object) -> SchedulerCore:
@@ -252,3 +252,26 @@ def test_every_effect_of_a_start_names_the_job_it_belongs_to() -> None:
     kinds = {type(e): job_of(e) for e in effects if not isinstance(e, PublishDecision)}
     assert kinds[WriteRecord] == "a" and kinds[StartRun] == "a"
     assert job_of(RequestRound()) is None
+
+
+def test_a_jobs_batch_bounds_reach_the_policy_as_its_elastic_bounds() -> None:
+    core = core_with_node(policy="ones", gpus=4)
+    spec = JobSpec(name="b", model="resnet50", batch_size=64, iterations=100,
+                   min_batch_size=32, max_batch_size=64)
+    record = JobRecord(id="b", tenant="alpha", spec=spec, total_iterations=100,
+                       submitted_at=time.time())
+    core.take("b", record, revision=1)
+    core.take("plain", queued("plain"), revision=1)
+    assert core.layout is not None
+    snapshot = build_snapshot(time.time(), core.layout, core.jobs, core.estimates, core.policy)
+    views = {v.job_id: v for v in snapshot.pending}
+    bounds = views["b"].elastic
+    assert bounds is not None
+    assert (bounds.min_batch_size, bounds.max_batch_size) == (32, 64)
+    assert bounds.max_gpus is None  # a live job declares no GPU bounds
+    assert views["plain"].elastic is None
+    core.round()
+    starts = [e for e in core.take_effects() if isinstance(e, StartRun)]
+    started = {s.record.id: s.record for s in starts}
+    assert "b" in started  # an elastic start within its bounds, not one it refuses
+    assert 32 <= started["b"].current_spec.batch_size <= 64

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from gpusched.libs.common.cpu_sensitivity import Sensitivity
 from gpusched.libs.common.schemas import SOURCE_FOREST, JobRecord, NodeInfo, Placement, Progress
 from gpusched.libs.core.cluster import Cluster, Node
+from gpusched.libs.core.elastic import Elastic
 from gpusched.libs.core.job_state import Run, job_view
 from gpusched.libs.core.job_state import remaining_iterations as core_remaining_iterations
 from gpusched.libs.core.perf import CpuMemDemand, DelegatingModel, PerformanceModel
@@ -248,9 +249,11 @@ def _view(job: LiveJob, as_of: float, run: Run | None = None) -> JobView:
     """The job's view as of ``as_of``, built by the rule both drivers share
     (``gpusched.libs.core.job_state.job_view``): running where ``run`` is given. The
     live views carry no parallel degrees (the core builder's default, 1 x 1) and no
-    oracle figure."""
+    oracle figure; a job's batch bounds are its elastic bounds (a live job declares no
+    GPU bounds), so a policy that resizes never picks a batch the job refuses."""
     record = job.record
     spec = record.current_spec
+    asked = record.spec
     return job_view(
         job_id=job.id,
         submit_time=record.submitted_at,
@@ -267,6 +270,7 @@ def _view(job: LiveJob, as_of: float, run: Run | None = None) -> JobView:
         queued_since=job.queued_since,
         preemptions=record.preemptions,
         run=run,
+        elastic=Elastic.of(None, None, asked.min_batch_size, asked.max_batch_size),
     )
 
 
