@@ -50,7 +50,7 @@ from gpusched.libs.core.decision import Decision, Preempt, Start
 from gpusched.libs.core.lifecycle import JobState
 from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.scheduler.policies.asrpt import Asrpt
-from gpusched.services.scheduler.policies.base import Capabilities, QueueSort
+from gpusched.services.scheduler.policies.base import Capabilities, QueueSort, queue_in
 from gpusched.services.scheduler.policies.genie import SLACK_ORDER, Genie
 from gpusched.services.scheduler.policies.sjf_bsbf import SjfBsbf, resident_cap_problem
 
@@ -153,13 +153,8 @@ class Auto:
         GPUs to other jobs: the victims so taken and GENIE's starts; None where A-SRPT
         preempts nobody or GENIE would give no victim's GPUs away."""
         ranked = self._asrpt.queue_sort
-        by_rank = snapshot.orders.get(ranked.name)
         asrpt_view = replace(
-            snapshot,
-            pending=by_rank if by_rank is not None else tuple(
-                sorted(snapshot.pending, key=ranked.key)
-            ),
-            queue_order=ranked.name,
+            snapshot, pending=tuple(queue_in(snapshot, ranked)), queue_order=ranked.name
         )
         victims = {p.job_id for p in self._asrpt.decide(asrpt_view).preemptions}
         if not victims:
@@ -205,10 +200,7 @@ class Auto:
             return snapshot
         starving.sort(key=lambda j: (j.queued_since, j.job_id))
         first = {j.job_id for j in starving}
-        ordered = snapshot.pending if snapshot.queue_order == SLACK_ORDER.name else sorted(
-            snapshot.pending, key=SLACK_ORDER.key
-        )
-        rest = [j for j in ordered if j.job_id not in first]
+        rest = [j for j in queue_in(snapshot, SLACK_ORDER) if j.job_id not in first]
         return replace(snapshot, pending=(*starving, *rest), queue_order=SLACK_ORDER.name)
 
 
@@ -246,12 +238,9 @@ def _without(snapshot: Snapshot, victims: set[str]) -> Snapshot:
             if not load[gpu]:
                 node_free[gpu_node[gpu]] += 1
     back.sort(key=key)
-    pending = snapshot.pending if snapshot.queue_order == SLACK_ORDER.name else sorted(
-        snapshot.pending, key=key
-    )
     return replace(
         snapshot,
-        pending=tuple(heapq.merge(pending, back, key=key)),
+        pending=tuple(heapq.merge(queue_in(snapshot, SLACK_ORDER), back, key=key)),
         running=tuple(running),
         gpu_load=tuple(load),
         gpu_mem_used=tuple(used),

@@ -116,12 +116,19 @@ class ReportsRho(Protocol):
     def rho(self) -> float: ...
 
 
+def queue_in(snapshot: Snapshot, sort: QueueSort) -> Sequence[JobView]:
+    """The queue in ``sort`` order: as the driver keeps it (``queue_order``, or one of
+    ``orders``), else sorted now."""
+    if snapshot.queue_order == sort.name:
+        return snapshot.pending
+    kept = snapshot.orders.get(sort.name)
+    return kept if kept is not None else sorted(snapshot.pending, key=sort.key)
+
+
 def ordered_pending(snapshot: Snapshot, sort: QueueSort) -> Sequence[JobView]:
     """The queue in ``sort`` order, sorting only if the driver has not already, with
     each tenant's jobs in priority order among the places they hold (``by_priority``)."""
-    ordered = snapshot.pending if snapshot.queue_order == sort.name else sorted(
-        snapshot.pending, key=sort.key
-    )
+    ordered = queue_in(snapshot, sort)
     return by_priority(ordered) if has_priorities(snapshot) else ordered
 
 
