@@ -21,6 +21,7 @@ from rich.text import Text
 from gpusched.libs.core.cluster import DEFAULT_CPUS_PER_GPU, DEFAULT_HOST_MEM_GB_PER_GPU
 from gpusched.services.cli.simulate_options import (
     DEFAULT_CLUSTER,
+    UsageError,
     _build_cluster,
     _check_opt_bound,
     _check_out,
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
         ProgressCallback,
         ProgressFactory,
     )
+    from gpusched.services.scheduler.simulation.sweep import Executor
 
 # Only what the options themselves need is imported above: the simulator, its policies,
 # numpy, scipy and matplotlib are imported by the commands that use them, so that
@@ -238,6 +240,24 @@ def simulate(
             "then reports the prediction error.",
         ),
     ] = "truth",
+    jobs_at_once: Annotated[
+        int | None,
+        typer.Option(
+            "--jobs",
+            "-j",
+            min=1,
+            help="Policies run at a time, each in a process of its own (default: the "
+            "cores); the results are those of one run after another.",
+        ),
+    ] = None,
+    executor: Annotated[
+        str,
+        typer.Option(
+            help="Where the runs go: local (processes on this machine), dask (a Dask "
+            "LocalCluster of --jobs workers) or dask:ADDRESS (a running Dask scheduler, "
+            "e.g. dask:tcp://10.0.0.5:8786); dask needs the 'dask' extra.",
+        ),
+    ] = "local",
 ) -> None:
     """Replay a trace under one or more policies; print a table and write outputs."""
     from gpusched.libs.core.workload import with_deadlines
@@ -250,6 +270,7 @@ def simulate(
         run_policies,
     )
     from gpusched.services.scheduler.simulation.simulator import PolicyViolation, SimConfig
+    from gpusched.services.scheduler.simulation.sweep import default_workers
 
     out_console, err_console = _consoles()
     stopped: Interrupted | None = None
@@ -264,6 +285,8 @@ def simulate(
         from gpusched.services.scheduler.simulation.runner import check_predictor
 
         check_predictor(predictor)
+        where = _executor(executor)
+        workers = jobs_at_once or default_workers()
         _check_out(out)
         built = _build_cluster(cluster_spec, data_dir, cpus_per_node, mem_gb_per_node)
         if opt_bound:
@@ -294,7 +317,7 @@ def simulate(
         config = SimConfig(
             restart_overhead_s=restart_overhead, round_s=round_s, predictor=predictor
         )
-        _announce(err_console, names, len(jobs))
+        _announce(err_console, names, len(jobs), workers, where)
         with _progress_bars(err_console) as progress:
             try:
                 results = run_policies(
@@ -308,6 +331,8 @@ def simulate(
                     max_resident_slowdown=max_resident_slowdown,
                     on_finished=_finished_lines(err_console, len(names)),
                     opt_bound=opt_bound,
+                    workers=workers,
+                    executor=where,
                 )
             except Interrupted as exc:  # Ctrl-C: report the policies that finished
                 results, stopped = exc.finished, exc
@@ -407,16 +432,34 @@ def _progress_bars(console: Console) -> Iterator[ProgressFactory | None]:
         yield factory
 
 
-def _announce(console: Console, names: Sequence[str], n_jobs: int) -> None:
+def _executor(spec: str) -> Executor:
+    """``--executor``; without the dask extra, `MissingExtraError` names it."""
+    from gpusched.services.scheduler.simulation.sweep import Executor
+
+    try:
+        return Executor.parse(spec)
+    except ValueError as exc:
+        raise UsageError(f"--executor {spec!r}: {exc}") from None
+
+
+def _announce(
+    console: Console, names: Sequence[str], n_jobs: int, workers: int, where: Executor
+) -> None:
     """What is about to run, and about how long it takes (``runner.estimate_s``)."""
     from gpusched.services.scheduler.simulation.report import human_duration
     from gpusched.services.scheduler.simulation.runner import estimate_s
 
     count = f"{len(names)} polic{'y' if len(names) == 1 else 'ies'}"
-    took = human_duration(estimate_s(names, n_jobs))
+    each = [estimate_s([name], n_jobs) for name in names]
+    at_once = min(workers, len(names))
+    how = "one after another" if at_once == 1 else f"{at_once} at a time"
+    if where.kind != "local":
+        how += f" on {where}"
+    # no faster than the slowest run, however many run beside it
+    took = human_duration(max(max(each, default=0.0), sum(each) / at_once))
     console.print(
         Text(
-            f"running {count} on {n_jobs:,} jobs, one after another ({', '.join(names)}): "
+            f"running {count} on {n_jobs:,} jobs, {how} ({', '.join(names)}): "
             f"about {took} on a 2-core machine (per-policy rates: docs/results.md)"
         ),
         soft_wrap=True,

@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpusched.libs.core.cluster import Cluster
 from gpusched.libs.core.groundtruth import SPEED_MODELS, NoisyEstimates, load_performance_model
@@ -34,6 +35,9 @@ from gpusched.services.scheduler.policies import (
 from gpusched.services.scheduler.policies.sjf_bsbf import resident_cap_problem
 from gpusched.services.scheduler.simulation.results import SimResult
 from gpusched.services.scheduler.simulation.simulator import SimConfig, simulate
+
+if TYPE_CHECKING:
+    from gpusched.services.scheduler.simulation.sweep import Executor
 
 #: ``--cluster alibaba`` reads this node list inside the data folder
 ALIBABA_NODES = Path("traces/alibaba-v2023/openb_node_list_gpu_node.csv")
@@ -325,34 +329,36 @@ def run_policies(
     *,
     on_finished: FinishedCallback | None = None,
     opt_bound: bool = False,
+    workers: int = 1,
+    executor: Executor | None = None,
 ) -> list[SimResult]:
     """Simulate ``jobs`` under each policy (all of `POLICIES` when none are named).
 
     ``progress_factory(policy, n_jobs)`` returns the progress callback for that run;
     ``on_finished(result)`` hears of each run as it ends; ``max_resident_slowdown`` goes
     to the policies that share GPUs; with ``opt_bound`` each policy runs wrapped in
-    `OptBounded` and its result carries the Synergy-OPT bound over the run. Ctrl-C
-    raises `Interrupted` with the results of the runs that had ended.
+    `OptBounded` and its result carries the Synergy-OPT bound over the run. ``workers``
+    runs at a time on ``executor`` (`sweep`); the results come in the order of the
+    names whatever order the runs end in. Ctrl-C raises `Interrupted` with the results
+    of the runs that had ended.
     """
+    from gpusched.services.scheduler.simulation.sweep import RunFailed, SimRun, sweep
+
     names = check_policies(policy_names, max_resident_slowdown)
-    results: list[SimResult] = []
-    running: str | None = None
+    runs = [
+        SimRun(name, cluster, jobs, name, truth, estimates, config, max_resident_slowdown,
+               opt_bound)
+        for name in names
+    ]  # fmt: skip
     try:
-        for name in names:
-            running = name
-            progress = progress_factory(name, len(jobs)) if progress_factory else None
-            policy = make_policy(name, max_resident_slowdown=max_resident_slowdown)
-            result = _run_one(cluster, jobs, policy, truth, estimates, config, progress, opt_bound)
-            results.append(result)
-            running = None
-            if on_finished is not None:
-                on_finished(result)
-    except KeyboardInterrupt:
-        raise Interrupted(results, running) from None
-    return results
+        return sweep(runs, workers, executor, progress_factory, on_finished)
+    except RunFailed as exc:
+        # callers catch what the run itself raised (PolicyViolation, UnknownModelError,
+        # ...); its cause is the worker's traceback where it ran in another process
+        raise exc.error from exc.error.__cause__
 
 
-def _run_one(
+def run_one(
     cluster: Cluster,
     jobs: Sequence[JobSpec],
     policy: Policy,
