@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import multiprocessing
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -109,6 +110,13 @@ async def _run_clients(arguments: dict[str, Any]) -> LoadResult:
     return result
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far, from /proc."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _report(result: LoadResult, where: str) -> None:
     latencies = sorted(result.latencies_s)
     count = len(latencies)
@@ -130,13 +138,24 @@ async def _in_process(arguments: dict[str, Any]) -> None:
         config = AdmissionConfig(
             nats_url=server.url, port=0, tokens={BENCH_TOKEN: "bench"}
         )
+        nats_pid = server._process.pid if server._process is not None else None
         async with AdmissionService(config) as service:
+            cpu_before = os.times(), _cpu_s(nats_pid) if nats_pid else 0.0
             result = await _run_clients({**arguments, "url": service.url, "token": BENCH_TOKEN})
+            cpu_after = os.times(), _cpu_s(nats_pid) if nats_pid else 0.0
             _report(
                 result,
                 "admission service and embedded nats-server in this process; "
                 f"{arguments['concurrency']} HTTP clients in a separate process",
             )
+            # CPU per request, less sensitive to other load on the machine than the rate;
+            # the warm-up's requests are counted too
+            requests = len(result.latencies_s) + arguments["warmup"]
+            user = (cpu_after[0].user - cpu_before[0].user) / requests * 1e6
+            system = (cpu_after[0].system - cpu_before[0].system) / requests * 1e6
+            nats_us = (cpu_after[1] - cpu_before[1]) / requests * 1e6
+            print(f"cpu us/req   admission {user + system:.0f} (user {user:.0f}, system "
+                  f"{system:.0f})  nats-server {nats_us:.0f}")
             async with connection(server.url, "bench-check") as nc:
                 stores = await Stores.open(nc)
                 info = await stores.js.stream_info(subjects.JOBS_STREAM)

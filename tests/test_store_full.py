@@ -165,7 +165,7 @@ async def test_a_store_that_fills_and_empties_again_keeps_every_accepted_job_and
     # must go again (a full store takes no delete marker)
     api = up.admission.app[API] if up.admission.app is not None else None
     assert api is not None
-    publish = api.stores.js.publish
+    publish = api.writer.publish
     first = idempotent_job_id(TENANT, "refused-0")
 
     async def filled_first(subject: str, *args: Any, **kwargs: Any) -> Any:
@@ -173,9 +173,9 @@ async def test_a_store_that_fills_and_empties_again_keeps_every_accepted_job_and
             await up.fill()
         return await publish(subject, *args, **kwargs)
 
-    api.stores.js.publish = filled_first  # type: ignore[method-assign]
+    api.writer.publish = filled_first  # type: ignore[method-assign]
     refused = [await up.submit(f"refused-{n}") for n in range(4)]
-    api.stores.js.publish = publish  # type: ignore[method-assign]
+    api.writer.publish = publish  # type: ignore[method-assign]
 
     for status, problem in refused:
         assert status == 503, problem

@@ -255,6 +255,11 @@ async def kv_keys(js: JetStreamContext, bucket: str, timeout_s: float = 5.0) -> 
             await subscription.unsubscribe()
 
 
+def live_entry() -> bytes:
+    """The value of a job's entry in the live index: when it entered."""
+    return codec.encode(time.time())
+
+
 class Stores:
     """The JetStream objects of gpusched, created on first use by whichever service
     starts first (creation is idempotent)."""
@@ -291,7 +296,7 @@ class Stores:
 
     async def mark_live(self, job_id: str) -> None:
         """Enter a job into the live index (before its record exists is fine)."""
-        await self.live.put(job_id, codec.encode(time.time()))
+        await self.live.put(job_id, live_entry())
 
     async def unmark_live(self, job_id: str, revision: int | None = None) -> None:
         """Take a job out of the live index. The key's messages are purged from the

@@ -33,6 +33,7 @@ from gpusched.services.admission.jobs import JobRoutes
 from gpusched.services.admission.metrics import Metrics
 from gpusched.services.admission.middleware import ErrorMiddleware
 from gpusched.services.admission.ops import OpsRoutes
+from gpusched.services.admission.publisher import JetStreamWriter
 from gpusched.services.admission.quota import Quotas
 from gpusched.services.admission.quota import open_bucket as open_quota_bucket
 from gpusched.services.admission.state import JobIndex, KvMirror, NodeIndex, TelemetryCache
@@ -95,6 +96,8 @@ class AdmissionApi:
         self.telemetry = TelemetryCache()
         self.job_mirror = KvMirror(nc, stores.jobs, self.jobs.apply, "jobs")
         self.node_mirror = KvMirror(nc, stores.nodes, self.nodes.apply, "nodes")
+        #: the submission path's writes to the streams and buckets, started with the app
+        self.writer = JetStreamWriter(nc)
         #: the shared quota ledgers, opened when the app starts
         self._quotas: Quotas | None = None
         self._streams: set[asyncio.Queue[tuple[str, bytes]]] = set()
@@ -131,6 +134,7 @@ class AdmissionApi:
             log.warning("no tokens configured: the API is open, every caller is 'default'")
         self._quotas = Quotas(await open_quota_bucket(self.stores.js), self.config.quotas)
         await self.telemetry.start(self.nc)
+        await self.writer.__aenter__()
         tasks = [
             asyncio.create_task(self.quotas.run(), name="admission-quotas"),
             asyncio.create_task(self.job_mirror.run(), name="admission-jobs-mirror"),
@@ -145,6 +149,7 @@ class AdmissionApi:
             yield
         finally:
             await cancel_and_wait(*tasks)
+            await self.writer.__aexit__()
             await self.telemetry.stop()
 
     def _job_finished(self, tenant: str, job_id: str) -> None:

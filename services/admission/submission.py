@@ -16,7 +16,7 @@ from nats.aio.client import Client
 from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
 
 from gpusched.libs.common import codec, subjects
-from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.bus import Stores, live_entry
 from gpusched.libs.common.schemas import (
     JobRecord,
     JobSpec,
@@ -33,6 +33,7 @@ from gpusched.services.admission.ids import idempotent_job_id, new_job_id
 from gpusched.services.admission.leader import leader_status
 from gpusched.services.admission.metrics import Metrics
 from gpusched.services.admission.problems import ProblemError
+from gpusched.services.admission.publisher import JetStreamWriter
 from gpusched.services.admission.quota import QuotaExceeded, Quotas
 from gpusched.services.admission.specs import ACCEPTED_TYPES, accepts, decode_spec, total_iterations
 from gpusched.services.admission.state import JobIndex, KvMirror, NodeIndex
@@ -60,6 +61,7 @@ class SubmissionParts(Protocol):
     nodes: NodeIndex
     node_mirror: KvMirror
     metrics: Metrics
+    writer: JetStreamWriter
 
     @property
     def quotas(self) -> Quotas: ...
@@ -155,12 +157,9 @@ class Submissions:
                     # takes (this instance dies before publishing, or the event of an
                     # attempt whose record was withdrawn is consumed before the retry's
                     # duplicate is dropped) is adopted by its periodic rescan
-                    await self.api.stores.mark_live(job_id)
-                    # ids are built subject-safe here; skip the client's regex check on
-                    # the hot path
-                    revision = await self.api.stores.jobs.create(
-                        job_id, data, validate_keys=False
-                    )
+                    await self.api.writer.put(self.api.stores.live, job_id, live_entry())
+                    # ids are built subject-safe here: no key check on the hot path
+                    revision = await self.api.writer.create(self.api.stores.jobs, job_id, data)
                 except KeyWrongLastSequenceError:
                     if key is None:
                         continue
@@ -254,7 +253,7 @@ class Submissions:
         )
 
     async def _publish_submitted(self, record: JobRecord) -> None:
-        await self.api.stores.js.publish(
+        await self.api.writer.publish(
             subjects.job_submitted(record.id),
             codec.encode(JobSubmitted(record.id, record.submitted_at)),
             headers=codec.headers({"Nats-Msg-Id": record.id}),
