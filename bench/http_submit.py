@@ -42,6 +42,8 @@ class LoadResult:
     latencies_s: list[float]
     errors: dict[str, int]
     wall_s: float
+    #: CPU seconds the load generator's process used while measuring
+    client_cpu_s: float = 0.0
 
 
 async def _load(url: str, token: str | None, jobs: int | None, duration_s: float | None,
@@ -85,10 +87,11 @@ async def _load(url: str, token: str | None, jobs: int | None, duration_s: float
                 except aiohttp.ClientError as exc:
                     errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
 
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall_s = time.perf_counter() - started
-    return LoadResult(latencies, errors, wall_s)
+        cpu_s = time.process_time() - cpu_started
+    return LoadResult(latencies, errors, wall_s, cpu_s)
 
 
 def _client_process(arguments: dict[str, Any], results: Any) -> None:
@@ -131,6 +134,7 @@ def _report(result: LoadResult, where: str) -> None:
     print(f"submissions  {(count - errors) / result.wall_s:,.0f}/s")
     print(f"latency ms   p50 {p50:.2f}  p99 {p99:.2f}  max {latencies[-1] * 1000:.2f}")
     print(f"errors       {errors} {result.errors or ''}")
+    print(f"client cpu   {result.client_cpu_s / count * 1e6:.0f} us/req")
 
 
 async def _in_process(arguments: dict[str, Any]) -> None:

@@ -9,6 +9,9 @@ from gpusched.services.admission.config import OPEN_TENANT
 from gpusched.services.admission.problems import ProblemError
 
 REALM = "gpusched"
+#: accepted Authorization headers remembered at most (spellings of each token: "Bearer"
+#: in any case, spaces around it)
+MAX_ACCEPTED_HEADERS = 1024
 
 
 def _digest(token: str) -> bytes:
@@ -24,6 +27,11 @@ class Authenticator:
 
     def __init__(self, tokens: Mapping[str, str]) -> None:
         self._tenants = {_digest(token): tenant for token, tenant in tokens.items()}
+        #: Authorization headers already accepted -> tenant, so a client's every request
+        #: is not hashed again. Only accepted headers enter, so it holds a few per token;
+        #: its lookup compares a guess with an entry only where their (randomised) string
+        #: hashes are equal, so it says no more about a guess than the digest lookup
+        self._accepted: dict[str, str] = {}
 
     @property
     def open(self) -> bool:
@@ -32,6 +40,10 @@ class Authenticator:
     def tenant(self, authorization: str | None) -> str:
         if self.open:
             return OPEN_TENANT
+        if authorization is not None:
+            known = self._accepted.get(authorization)
+            if known is not None:
+                return known
         if not authorization:
             raise ProblemError(
                 401,
@@ -50,4 +62,7 @@ class Authenticator:
                     "WWW-Authenticate": f'Bearer realm="{REALM}", error="invalid_token"'
                 },
             )
+        if len(self._accepted) >= MAX_ACCEPTED_HEADERS:
+            self._accepted.clear()
+        self._accepted[authorization] = tenant
         return tenant

@@ -27,6 +27,8 @@ class Metrics:
         #: labelled children by (method, route, status): label lookups cost more than
         #: the increments themselves on the request path
         self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        #: the submission counter's child by tenant, for the same reason
+        self._submitted_by_tenant: dict[str, Any] = {}
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "gpusched_admission_requests_total",
@@ -74,7 +76,10 @@ class Metrics:
         self.registry.register(_QuotaCollector(dict(quotas), held_gpus))
 
     def submitted(self, tenant: str) -> None:
-        self.jobs_submitted.labels(tenant).inc()
+        child = self._submitted_by_tenant.get(tenant)
+        if child is None:
+            child = self._submitted_by_tenant[tenant] = self.jobs_submitted.labels(tenant)
+        child.inc()
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         key = (method, route, status)

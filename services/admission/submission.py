@@ -37,7 +37,7 @@ from gpusched.services.admission.publisher import JetStreamWriter
 from gpusched.services.admission.quota import QuotaExceeded, Quotas
 from gpusched.services.admission.specs import ACCEPTED_TYPES, accepts, decode_spec, total_iterations
 from gpusched.services.admission.state import JobIndex, KvMirror, NodeIndex
-from gpusched.services.admission.views import job_detail, submitted_job
+from gpusched.services.admission.views import submitted_job
 
 log = structlog.get_logger("gpusched.admission")
 
@@ -193,7 +193,7 @@ class Submissions:
         log.info("job submitted", job_id=job_id, tenant=tenant, model=spec.model,
                  gpus=spec.gpus, iterations=iterations)
         return json_response(
-            submitted_job(job_detail(record, now()), self._warnings(spec)), 201,
+            submitted_job(record, now(), self._warnings(spec)), 201,
             {hdrs.LOCATION: f"/v1/jobs/{job_id}"},
         )
 
@@ -247,7 +247,7 @@ class Submissions:
             await self._publish_submitted(stored)
         self.api.metrics.idempotent_replays.inc()
         return json_response(
-            submitted_job(job_detail(stored, now()), self._warnings(stored.spec)),
+            submitted_job(stored, now(), self._warnings(stored.spec)),
             200,
             {hdrs.LOCATION: f"/v1/jobs/{stored.id}", "Idempotent-Replayed": "true"},
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import msgspec
 
@@ -45,12 +46,14 @@ def deadline_likely_met(record: JobRecord, now: float) -> bool | None:
 
 
 def job_detail(record: JobRecord, now: float) -> JobDetail:
+    return JobDetail(**_detail_fields(record, now))
+
+
+def _detail_fields(record: JobRecord, now: float) -> dict[str, Any]:
     fields = {name: getattr(record, name) for name in record.__struct_fields__}
-    return JobDetail(
-        **fields,
-        deadline=record.spec.deadline,
-        deadline_likely_met=deadline_likely_met(record, now),
-    )
+    fields["deadline"] = record.spec.deadline
+    fields["deadline_likely_met"] = deadline_likely_met(record, now)
+    return fields
 
 
 class SubmittedJob(JobDetail, frozen=True, kw_only=True):
@@ -61,9 +64,10 @@ class SubmittedJob(JobDetail, frozen=True, kw_only=True):
     warnings: list[str] = msgspec.field(default_factory=list)
 
 
-def submitted_job(detail: JobDetail, warnings: list[str]) -> SubmittedJob:
-    fields = {name: getattr(detail, name) for name in detail.__struct_fields__}
-    return SubmittedJob(**fields, warnings=warnings)
+def submitted_job(record: JobRecord, now: float, warnings: list[str]) -> SubmittedJob:
+    """The answer to a submission, built in one step from the record (it answers every
+    accepted submission)."""
+    return SubmittedJob(**_detail_fields(record, now), warnings=warnings)
 
 
 class JobList(msgspec.Struct, frozen=True):
