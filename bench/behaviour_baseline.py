@@ -12,7 +12,9 @@ the new run to a stored one, prints every difference and exits 1 if there is any
     python bench/behaviour_baseline.py --out /tmp/before.json
     python bench/behaviour_baseline.py --check /tmp/before.json [--policy sjf-bsbf ...]
 
-A run takes several minutes on a 2-core machine. Wall times are printed, never compared.
+A run takes several minutes on a 2-core machine; ``--workers N`` replays N policies at a
+time (default: the cores; bench/parallel.py), with the same figures. Wall times are
+printed, never compared.
 """
 
 from __future__ import annotations
@@ -26,15 +28,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from speed import print_machine_speed  # bench/ is the script's own directory
+from parallel import add_options, run_all  # bench/ is the script's own directory
+from speed import print_machine_speed
 
 from gpusched.libs.core.cluster import Cluster
 from gpusched.libs.core.jobs import JobSpec
 from gpusched.libs.core.perf import PerformanceModel
-from gpusched.services.scheduler.policies import POLICIES, make_policy
+from gpusched.services.scheduler.policies import POLICIES
 from gpusched.services.scheduler.simulation.results import SimResult
 from gpusched.services.scheduler.simulation.runner import build_cluster, build_models, load_workload
-from gpusched.services.scheduler.simulation.simulator import simulate
+from gpusched.services.scheduler.simulation.sweep import SimRun
 
 JOBS = 20_000
 #: ``ones`` replays fewer jobs: 500 Philly jobs take it minutes
@@ -85,21 +88,23 @@ def load(data_dir: str, cluster: Cluster, perf: PerformanceModel, limit: int) ->
     ).jobs
 
 
-def run(data_dir: str, names: list[str]) -> dict[str, Any]:
+def run(data_dir: str, names: list[str], args: argparse.Namespace) -> dict[str, Any]:
     cluster = build_cluster("64x8", data_dir)
     truth, estimates = build_models(data_dir, seed=0)
     workloads: dict[int, list[JobSpec]] = {}
-    figures: dict[str, Any] = {}
+    runs = []
     for name in names:
         limit = ONES_JOBS if name == "ones" else JOBS
         if limit not in workloads:
             workloads[limit] = load(data_dir, cluster, truth, limit)
-        jobs = workloads[limit]
-        result = simulate(cluster, jobs, make_policy(name), truth, estimates)
-        figures[name] = {"jobs_replayed": len(jobs), **record(result)}
+        runs.append(SimRun(name, cluster, workloads[limit], name, truth, estimates))
+    figures: dict[str, Any] = {}
+    for run, result in zip(runs, run_all(runs, args), strict=True):
+        name = run.label
+        figures[name] = {"jobs_replayed": run.total, **record(result)}
         summary = figures[name]
         print(
-            f"{name:<14} {len(jobs):>6} jobs  wall {result.wall_s:>7.1f} s  "
+            f"{name:<14} {run.total:>6} jobs  wall {result.wall_s:>7.1f} s  "
             f"avg JCT {summary['avg_jct_s']:>12} s  preempt {summary['preemptions']:>6}  "
             f"shared {summary['shared_pairs']:>6}  resizes {summary['resizes']:>5}",
             flush=True,
@@ -131,6 +136,7 @@ def main() -> None:
     parser.add_argument("--policy", action="append", choices=sorted(POLICIES))
     parser.add_argument("--out", help="write the figures to this JSON file")
     parser.add_argument("--check", help="compare with the figures stored in this JSON file")
+    add_options(parser)
     args = parser.parse_args()
     print_machine_speed()
     if not (Path(args.data_dir) / "traces" / "philly" / "philly.csv").exists():
@@ -145,7 +151,7 @@ def main() -> None:
         if new:
             print(f"not compared, not in {args.check}: {', '.join(new)}")
         names = [n for n in names if n in stored["policies"]]
-    figures = run(args.data_dir, names)
+    figures = run(args.data_dir, names, args)
     print(f"all runs: {time.perf_counter() - began:.0f} s")
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")

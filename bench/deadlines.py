@@ -6,7 +6,7 @@ Load is offered GPU-seconds per second over the cluster's GPUs: the arrival rate
 from the jobs' mean GPU-seconds.
 
     python bench/deadlines.py [--jobs 500] [--loads 0.6,0.8,1.0,1.2] [--seed 0,1,2]
-                              [--slack 1.2-3] [--cluster 8x8]
+                              [--slack 1.2-3] [--cluster 8x8] [--workers N]
 
 Prints each seed's figures, then per load the QoS averaged over the seeds and how many
 seeds genie led, tied or trailed edf. GENIE's paper reports up to +67.4 % QoS guarantee
@@ -18,20 +18,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from speed import print_machine_speed  # bench/ is the script's own directory
+from parallel import add_options, run_all  # bench/ is the script's own directory
+from speed import print_machine_speed
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpusched.libs.core.workload import alone_run_s, parse_slack_range, with_deadlines  # noqa: E402
-from gpusched.services.scheduler.policies import make_policy  # noqa: E402
-from gpusched.services.scheduler.policies.base import Policy  # noqa: E402
 from gpusched.services.scheduler.simulation.runner import build_cluster, build_models, load_workload  # noqa: E402
-from gpusched.services.scheduler.simulation.simulator import simulate  # noqa: E402
+from gpusched.services.scheduler.simulation.sweep import SimRun  # noqa: E402
 
 POLICIES = ("genie", "edf", "sjf", "fifo")
 
@@ -40,7 +38,8 @@ Results = dict[tuple[float, int, str], dict[str, float]]
 
 
 def run(
-    policies: dict[str, Policy],
+    policies: Sequence[str],
+    args: argparse.Namespace,
     *,
     jobs: int = 500,
     loads: Sequence[float] = (0.6, 0.8, 1.0, 1.2),
@@ -49,38 +48,43 @@ def run(
     cluster_spec: str = "8x8",
     show: bool = True,
 ) -> Results:
-    """Every policy on every (load, seed) workload; prints a line per run with ``show``."""
+    """Every policy on every (load, seed) workload, swept as ``args`` say (--workers,
+    --executor); prints a line per run with ``show``."""
     truth, _ = build_models(None)
     cluster = build_cluster(cluster_spec, None)
     trace = f"synthetic:{jobs}"
-    results: Results = {}
+    heads: list[list[str]] = []  # lines printed before each (seed, load)'s runs
+    runs = []
     for seed in seeds:
         # the same seed draws the same jobs whatever the rate: only the gaps scale
         probe = load_workload(trace, None, truth, seed=seed, rate_per_h=1.0, cluster=cluster)
         gpu_s = sum(j.gpus * alone_run_s(j, truth, cluster) for j in probe.jobs)
         mean_gpu_s = gpu_s / len(probe.jobs)
-        if show:
-            print(f"seed {seed}: {jobs} jobs, mean {mean_gpu_s / 3600:.1f} GPU-hours each, "
-                  f"{cluster_spec} GPUs, slack {slack[0]:g}-{slack[1]:g}")  # fmt: skip
+        head = [f"seed {seed}: {jobs} jobs, mean {mean_gpu_s / 3600:.1f} GPU-hours each, "
+                f"{cluster_spec} GPUs, slack {slack[0]:g}-{slack[1]:g}"]  # fmt: skip
         for load in loads:
             rate_per_h = load * cluster.total_gpus * 3600 / mean_gpu_s
             workload = load_workload(
                 trace, None, truth, seed=seed, rate_per_h=rate_per_h, cluster=cluster
             ).jobs
             dated = with_deadlines(workload, truth, cluster, slack, seed)
+            heads.append([*head, f" load {load:.1f} ({rate_per_h:.2f} jobs/h)"])
+            head = []
+            runs += [SimRun(f"{load}/{seed}/{name}", cluster, dated, name, truth)
+                     for name in policies]  # fmt: skip
+    summaries = iter(result.summary() for result in run_all(runs, args))
+    results: Results = {}
+    for k, (seed, load) in enumerate((seed, load) for seed in seeds for load in loads):
+        for line in heads[k] if show else []:
+            print(line)
+        for name in policies:
+            summary = results[(load, seed, name)] = next(summaries)
             if show:
-                print(f" load {load:.1f} ({rate_per_h:.2f} jobs/h)")
-            for name, policy in policies.items():
-                began = time.perf_counter()
-                summary = simulate(cluster, dated, policy, truth).summary()
-                wall = time.perf_counter() - began
-                results[(load, seed, name)] = summary
-                if show:
-                    print(
-                        f"  {name:<6} QoS {summary['qos_pct']:5.1f} %  makespan "
-                        f"{summary['makespan_s'] / 86_400:6.2f} d  avg JCT "
-                        f"{summary['avg_jct_s'] / 3600:6.1f} h  wall {wall:4.1f} s"
-                    )
+                print(
+                    f"  {name:<6} QoS {summary['qos_pct']:5.1f} %  makespan "
+                    f"{summary['makespan_s'] / 86_400:6.2f} d  avg JCT "
+                    f"{summary['avg_jct_s'] / 3600:6.1f} h  wall {summary['wall_s']:4.1f} s"
+                )
     return results
 
 
@@ -118,6 +122,7 @@ def main() -> None:
     parser.add_argument("--slack", default="1.2-3", help="deadline slack range LO-HI")
     parser.add_argument("--cluster", default="8x8", help="NODESxGPUS")
     parser.add_argument("--policies", default=",".join(POLICIES))
+    add_options(parser)
     args = parser.parse_args()
     try:
         seeds = [int(x) for x in args.seed.split(",")]
@@ -130,7 +135,8 @@ def main() -> None:
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     print_machine_speed()
     results = run(
-        {name: make_policy(name) for name in names},
+        names,
+        args,
         jobs=args.jobs,
         loads=[float(x) for x in args.loads.split(",")],
         seeds=seeds,

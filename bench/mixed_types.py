@@ -9,19 +9,19 @@ type from Gavel's throughputs in ``--data-dir`` (docs/gpu-types.md), and, for sc
 speed beside the wall times.
 
     python bench/mixed_types.py [--jobs 1000] [--rate 20] [--seed 0] [--policy fifo ...]
+        [--workers N] [--executor dask]
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
-from speed import print_machine_speed  # bench/ is the script's own directory
+from parallel import add_options, run_all  # bench/ is the script's own directory
+from speed import print_machine_speed
 
-from gpusched.services.scheduler.policies import make_policy
 from gpusched.services.scheduler.simulation.runner import build_cluster, build_models, load_workload
-from gpusched.services.scheduler.simulation.simulator import simulate
+from gpusched.services.scheduler.simulation.sweep import SimRun
 
 MIXED = "8x4:V100,8x4:P100,16x4:K80"
 ONE_TYPE = "32x4"
@@ -38,6 +38,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=20.0, help="arrivals per hour")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--policy", action="append")
+    add_options(parser)
     args = parser.parse_args()
     print_machine_speed()
     gavel = Path(args.data_dir) / "profiles" / "gavel" / "simulation_throughputs.json"
@@ -49,28 +50,27 @@ def main() -> None:
     print(f"{args.jobs} jobs, {args.rate:g}/h, seed {args.seed}, models {', '.join(mix)}")
     print(f"{'cluster':<28} {'policy':<13} {'mean JCT':>9} {'p99 JCT':>9} "
           f"{'makespan':>9}  busy GPU-hours by type{'':<22} wall")
+    runs = []
     for spec in (MIXED, ONE_TYPE):
         cluster = build_cluster(spec, args.data_dir)
         jobs = load_workload(
             f"synthetic:{args.jobs}", None, truth, seed=args.seed, data_dir=args.data_dir,
             rate_per_h=args.rate, mix=mix, cluster=cluster,
         ).jobs  # fmt: skip
-        for name in args.policy or POLICIES:
-            began = time.perf_counter()
-            result = simulate(cluster, jobs, make_policy(name), truth, estimates)
-            wall = time.perf_counter() - began
-            s = result.summary()
-            hours = result.gpu_hours_by_type or {
-                cluster.gpu_types[0]: s["gpu_util"] * cluster.total_gpus * s["makespan_s"] / 3600
-            }
-            each = ", ".join(f"{k} {v:,.0f}" for k, v in hours.items())
-            mean, p99 = s["avg_jct_s"] / 3600, s["p99_jct_s"] / 3600
-            print(
-                f"{spec:<28} {name:<13} {mean:>7.2f} h {p99:>7.1f} h "
-                f"{s['makespan_s'] / 86400:>7.2f} d  {each:<44} {wall:.1f} s",
-                flush=True,
-            )
-
+        runs += [SimRun(spec, cluster, jobs, name, truth, estimates)
+                 for name in args.policy or POLICIES]  # fmt: skip
+    for run, result in zip(runs, run_all(runs, args), strict=True):
+        s, cluster = result.summary(), run.cluster
+        hours = result.gpu_hours_by_type or {
+            cluster.gpu_types[0]: s["gpu_util"] * cluster.total_gpus * s["makespan_s"] / 3600
+        }
+        each = ", ".join(f"{k} {v:,.0f}" for k, v in hours.items())
+        mean, p99 = s["avg_jct_s"] / 3600, s["p99_jct_s"] / 3600
+        print(
+            f"{run.label:<28} {result.policy:<13} {mean:>7.2f} h {p99:>7.1f} h "
+            f"{s['makespan_s'] / 86400:>7.2f} d  {each:<44} {result.wall_s:.1f} s",
+            flush=True,
+        )
 
 if __name__ == "__main__":
     main()

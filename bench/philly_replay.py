@@ -8,26 +8,52 @@ holding traces/philly/philly.csv (see docs/trace-format.md).
         [--resident-cap 1.5 ...]
 
 ``--resident-cap X`` adds a run of SJF-BSBF that also refuses partners it would slow by
-more than X (``max_resident_slowdown``), labelled ``bsbf<=X``.
+more than X (``max_resident_slowdown``), labelled ``bsbf<=X``. ``--workers N`` runs N
+policies at a time (default: the cores; bench/parallel.py); the peak memory is then that
+of the worker process a run ran in.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import resource
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from speed import print_machine_speed  # bench/ is the script's own directory
+from parallel import add_options, run_all  # bench/ is the script's own directory
+from speed import print_machine_speed
 
 from gpusched.libs.core.cluster import Cluster
 from gpusched.libs.core.groundtruth import load_performance_model
 from gpusched.libs.core.traces import load_trace
 from gpusched.libs.core.workload import materialize
-from gpusched.services.scheduler.policies import POLICIES, Policy, make_policy
+from gpusched.services.scheduler.policies import POLICIES
 from gpusched.services.scheduler.policies.sjf_bsbf import SjfBsbf
-from gpusched.services.scheduler.simulation.simulator import simulate
+from gpusched.services.scheduler.simulation.results import SimResult
+from gpusched.services.scheduler.simulation.runner import ProgressCallback
+from gpusched.services.scheduler.simulation.sweep import SimRun
+
+
+@dataclass(frozen=True)
+class WithPeak:
+    """A run that also reports the peak memory of the process it ran in."""
+
+    run: SimRun
+
+    @property
+    def label(self) -> str:
+        return self.run.label
+
+    @property
+    def total(self) -> int:
+        return self.run.total
+
+    def __call__(self, progress: ProgressCallback | None = None) -> tuple[SimResult, int]:
+        result = self.run(progress)
+        return result, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def main() -> None:
@@ -41,6 +67,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int)
     parser.add_argument("--resident-cap", type=float, action="append", default=[])
+    add_options(parser)
     args = parser.parse_args()
     trace_path = Path(args.data_dir) / "traces" / "philly" / "philly.csv"
     if not trace_path.exists():
@@ -60,22 +87,24 @@ def main() -> None:
         f"{'p50 h':>7} {'p99 h':>8} {'queue h':>8} {'util':>6} {'preempt':>8} {'shared':>7}"
     )
     print(header)
-    runs: list[tuple[str, Policy]] = [
-        (name, make_policy(name))
-        for name in args.policy or ([] if args.resident_cap else list(POLICIES))
-    ]
-    runs += [(f"bsbf<={cap:g}", SjfBsbf(max_resident_slowdown=cap)) for cap in args.resident_cap]
-    for name, policy in runs:
-        result = simulate(cluster, jobs, policy, perf)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # process peak so far
+    names = args.policy or ([] if args.resident_cap else list(POLICIES))
+    runs = [WithPeak(SimRun(name, cluster, jobs, name, perf)) for name in names]
+    runs += [
+        WithPeak(SimRun(f"bsbf<={cap:g}", cluster, jobs,
+                        functools.partial(SjfBsbf, max_resident_slowdown=cap), perf))
+        for cap in args.resident_cap
+    ]  # fmt: skip
+    began = time.perf_counter()
+    for run, (result, peak) in zip(runs, run_all(runs, args), strict=True):
         s = result.summary()
         print(
-            f"{name:<13} {result.wall_s:>7.1f} {len(jobs) / result.wall_s:>8.0f} "
+            f"{run.label:<13} {result.wall_s:>7.1f} {len(jobs) / result.wall_s:>8.0f} "
             f"{peak / 2**20:>12.0f} {s['avg_jct_s'] / 3600:>10.2f} {s['p50_jct_s'] / 3600:>7.2f} "
             f"{s['p99_jct_s'] / 3600:>8.1f} {s['avg_queue_s'] / 3600:>8.2f} "
             f"{s['gpu_util']:>6.1%} {s['preemptions']:>8} {s['shared_pairs']:>7}",
             flush=True,
         )
+    print(f"all {len(runs)} runs: {time.perf_counter() - began:.1f} s wall")
 
 
 if __name__ == "__main__":

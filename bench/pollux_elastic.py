@@ -4,6 +4,7 @@ jobs starting at up to the GPUs they asked for, `start_on_one_gpu=False`) agains
 Pollux training-progress traces). Prints average, median and p99 JCT per policy.
 
     python bench/pollux_elastic.py [--workloads 6] [--seeds 3] [--data-dir ../shared/data]
+        [--workers N] [--executor dask]
 
 Published (an elastic reference simulator on workload-6, 16 x 4 GPUs): Tiresias 3,470 s,
 Optimus 5,302 s, Pollux 2,446 s average JCT.
@@ -12,20 +13,22 @@ Optimus 5,302 s, Pollux 2,446 s average JCT.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 
-from speed import print_machine_speed  # bench/ is the script's own directory
+from parallel import add_options, run_all  # bench/ is the script's own directory
+from speed import print_machine_speed
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpusched.services.scheduler.policies import make_policy  # noqa: E402
+from gpusched.services.scheduler.policies.base import Policy  # noqa: E402
 from gpusched.services.scheduler.policies.ones import Ones  # noqa: E402
 from gpusched.services.scheduler.simulation.runner import build_cluster, build_models, load_workload  # noqa: E402
-from gpusched.services.scheduler.simulation.simulator import simulate  # noqa: E402
+from gpusched.services.scheduler.simulation.sweep import SimRun  # noqa: E402
 
 
 def main() -> None:
@@ -33,6 +36,7 @@ def main() -> None:
     parser.add_argument("--workloads", default="6", help="comma-separated workload numbers")
     parser.add_argument("--seeds", type=int, default=3, help="seeds of ones to average")
     parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
+    add_options(parser)
     args = parser.parse_args()
     print_machine_speed()
     folder = args.data_dir / "traces" / "pollux-workloads" / "workloads"
@@ -40,20 +44,25 @@ def main() -> None:
         sys.exit(f"no Pollux workloads under {folder}: see docs/trace-format.md")
     truth, _ = build_models(args.data_dir)
     cluster = build_cluster("16x4", None)
+    workloads = []
+    runs = []
     for number in args.workloads.split(","):
         path = folder / f"workload-{number.strip()}.csv"
         jobs = load_workload(path, "pollux", truth, data_dir=args.data_dir, cluster=cluster).jobs
-        print(f"{path.name}: {len(jobs)} jobs")
-        runs = [("tiresias", make_policy("tiresias")), ("srtf", make_policy("srtf"))]
-        runs += [(f"ones seed {s}", Ones(seed=s)) for s in range(args.seeds)]
-        runs += [(f"ask seed {s}", Ones(seed=s, start_on_one_gpu=False))
-                 for s in range(args.seeds)]  # fmt: skip
+        workloads.append((path.name, len(jobs)))
+        policies: dict[str, str | Callable[[], Policy]] = {"tiresias": "tiresias", "srtf": "srtf"}
+        policies |= {f"ones seed {s}": functools.partial(Ones, seed=s) for s in range(args.seeds)}
+        policies |= {f"ask seed {s}": functools.partial(Ones, seed=s, start_on_one_gpu=False)
+                     for s in range(args.seeds)}  # fmt: skip
+        runs += [SimRun(label, cluster, jobs, policy, truth) for label, policy in policies.items()]
+    results = iter(zip(runs, run_all(runs, args), strict=True))
+    for name, count in workloads:
+        print(f"{name}: {count} jobs")
         ones_means: list[float] = []
         ask_means: list[float] = []
-        for label, policy in runs:
-            began = time.perf_counter()
-            result = simulate(cluster, jobs, policy, truth)
-            wall_s = time.perf_counter() - began
+        for _ in range(2 + 2 * args.seeds):
+            run, result = next(results)
+            label = run.label
             jct = [o.jct_s for o in result.jobs if o.jct_s is not None]
             mean = statistics.mean(jct)
             if label.startswith("ones"):
@@ -64,12 +73,11 @@ def main() -> None:
             print(
                 f"  {label:<12} avg JCT {mean:7.0f} s  median {statistics.median(jct):6.0f} s"
                 f"  p99 {p99:7.0f} s  util {result.gpu_util:5.1%}  resizes {result.resizes:4d}"
-                f"  preemptions {result.preemptions:4d}  wall {wall_s:5.1f} s"
+                f"  preemptions {result.preemptions:4d}  wall {result.wall_s:5.1f} s"
             )
         for what, means in (("ones", ones_means), ("ones, start at ask", ask_means)):
             if means:
                 print(f"  {what} over {len(means)} seeds: avg JCT {statistics.mean(means):.0f} s")
-
 
 if __name__ == "__main__":
     main()

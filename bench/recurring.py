@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import argparse
 
-from speed import print_machine_speed  # bench/ is the script's own directory
+from parallel import add_options, run_all  # bench/ is the script's own directory
+from speed import print_machine_speed
 
 from gpusched.libs.core.cluster import Cluster
 from gpusched.libs.core.groundtruth import load_performance_model
 from gpusched.libs.core.jobs import JobSpec
 from gpusched.libs.core.perf import PerformanceModel
 from gpusched.libs.core.recurring import RecurringConfig, recurring_jobs
-from gpusched.services.scheduler.policies import make_policy
 from gpusched.services.scheduler.simulation.results import SimResult
-from gpusched.services.scheduler.simulation.simulator import SimConfig, simulate
+from gpusched.services.scheduler.simulation.simulator import SimConfig
+from gpusched.services.scheduler.simulation.sweep import SimRun
 
 #: (label, policy, predictor)
 RUNS = (
@@ -39,12 +40,19 @@ RUNS = (
     ("auto rf", "auto", "rf"),
 )
 NOISES = (0.05, 0.2, 0.5, 1.0)
+#: (policy, predictor) of each run at every noise level
+NOISE_RUNS = (
+    ("asrpt", "truth"), ("asrpt", "rf"), ("asrpt", "declared"), ("srtf", "truth"),
+    ("tiresias", "truth"),
+)  # fmt: skip
 
 
 def run(
-    cluster: Cluster, jobs: list[JobSpec], perf: PerformanceModel, policy: str, predictor: str
-) -> SimResult:
-    return simulate(cluster, jobs, make_policy(policy), perf, config=SimConfig(predictor=predictor))
+    cluster: Cluster, jobs: list[JobSpec], perf: PerformanceModel, policy: str, predictor: str,
+    label: str = "",
+) -> SimRun:
+    config = SimConfig(predictor=predictor)
+    return SimRun(label or f"{policy} {predictor}", cluster, jobs, policy, perf, config=config)
 
 
 def error_cells(result: SimResult) -> str:
@@ -65,6 +73,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=40.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", help="also write a PNG of average JCT against MAPE here")
+    add_options(parser)
     args = parser.parse_args()
     cluster = Cluster.parse(args.cluster)
     perf = load_performance_model(None)
@@ -76,8 +85,19 @@ def main() -> None:
         f"{'run':<16} {'avg JCT h':>9} {'p50 h':>6} {'p99 h':>6} {'queue h':>7} {'preempt':>7} "
         f"{'MAPE %':>7} {'<=10%':>6} {'<=25%':>6} {'<=50%':>6} {'rho':>5} {'wall s':>6}"
     )
-    for label, policy, predictor in RUNS:
-        result = run(cluster, jobs, perf, policy, predictor)
+    runs = [run(cluster, jobs, perf, policy, predictor, label) for label, policy, predictor in RUNS]
+    for noise in NOISES:
+        varied, _ = recurring_jobs(
+            args.jobs,
+            perf,
+            seed=args.seed,
+            arrival_rate_per_h=args.rate,
+            cluster=cluster,
+            config=RecurringConfig(noise_sigma=noise),
+        )
+        runs += [run(cluster, varied, perf, policy, predictor) for policy, predictor in NOISE_RUNS]
+    results = run_all(runs, args)
+    for (label, _, _), result in zip(RUNS, results, strict=False):
         s = result.summary()
         rho = f"{result.rho:>5.2f}" if result.rho is not None else f"{'-':>5}"
         print(
@@ -95,22 +115,9 @@ def main() -> None:
     )
     #: predictor -> [(MAPE %, asrpt's average JCT h)] over the noise levels
     points: dict[str, list[tuple[float, float]]] = {"oracle": [], "rf": [], "declared": []}
-    for noise in NOISES:
-        varied, _ = recurring_jobs(
-            args.jobs,
-            perf,
-            seed=args.seed,
-            arrival_rate_per_h=args.rate,
-            cluster=cluster,
-            config=RecurringConfig(noise_sigma=noise),
-        )
-        cells = {
-            (policy, predictor): run(cluster, varied, perf, policy, predictor)
-            for policy, predictor in (
-                ("asrpt", "truth"), ("asrpt", "rf"), ("asrpt", "declared"),
-                ("srtf", "truth"), ("tiresias", "truth"),
-            )
-        }  # fmt: skip
+    for k, noise in enumerate(NOISES):
+        first = len(RUNS) + k * len(NOISE_RUNS)
+        cells = dict(zip(NOISE_RUNS, results[first : first + len(NOISE_RUNS)], strict=True))
 
         def jct(key: tuple[str, str], cells: dict[tuple[str, str], SimResult] = cells) -> float:
             return float(cells[key].summary()["avg_jct_s"]) / 3600

@@ -33,6 +33,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=9.0)
     parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--opt-bound", action="store_true")
+    # passed to `simulate --jobs` (here --jobs counts the trace's jobs, as in bench/parallel.py)
+    parser.add_argument("--workers", type=int, help="policies at a time (default: the cores)")
     args = parser.parse_args()
     print_machine_speed()
     if not (args.data_dir / "profiles" / "synergy" / "models.json").is_file():
@@ -48,6 +50,7 @@ def main() -> None:
                 "--data-dir", str(args.data_dir), "--measure-ids", "4000-4999",
                 "--policy", "fifo", "--policy", "synergy-fifo", "--out", out,
                 *(["--opt-bound"] if args.opt_bound else []),
+                *(["--jobs", str(args.workers)] if args.workers else []),
             ],
             cwd=ROOT, check=True,
         )  # fmt: skip
