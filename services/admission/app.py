@@ -30,6 +30,7 @@ from gpusched.services.admission.config import OPEN_TENANT, AdmissionConfig
 from gpusched.services.admission.dashboard import Dashboard
 from gpusched.services.admission.http import STOP_STREAM, unavailable
 from gpusched.services.admission.jobs import JobRoutes
+from gpusched.services.admission.leader import LeaderPolicy
 from gpusched.services.admission.metrics import Metrics
 from gpusched.services.admission.middleware import ErrorMiddleware
 from gpusched.services.admission.ops import OpsRoutes
@@ -98,6 +99,8 @@ class AdmissionApi:
         self.node_mirror = KvMirror(nc, stores.nodes, self.nodes.apply, "nodes")
         #: the submission path's writes to the streams and buckets, started with the app
         self.writer = JetStreamWriter(nc)
+        #: whether the leader honours priorities, asked once per leader term
+        self.leader_policy = LeaderPolicy(nc, stores.lease)
         #: the shared quota ledgers, opened when the app starts
         self._quotas: Quotas | None = None
         self._streams: set[asyncio.Queue[tuple[str, bytes]]] = set()

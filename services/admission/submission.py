@@ -30,7 +30,7 @@ from gpusched.services.admission.capacity import MemoryOf, capacity_warnings
 from gpusched.services.admission.config import AdmissionConfig
 from gpusched.services.admission.http import TENANT, json_response, store_failed, unavailable
 from gpusched.services.admission.ids import idempotent_job_id, new_job_id
-from gpusched.services.admission.leader import leader_status
+from gpusched.services.admission.leader import LeaderPolicy
 from gpusched.services.admission.metrics import Metrics
 from gpusched.services.admission.problems import ProblemError
 from gpusched.services.admission.publisher import JetStreamWriter
@@ -50,7 +50,8 @@ class SubmissionParts(Protocol):
     """What the submission path reads of the admission API (app.py's ``AdmissionApi``):
     its config (the body limit), the model names and their GPU memory, the connection,
     stores, job and node indexes and the node mirror, the metrics, the quota ledgers,
-    and its reads of a job's record from the store."""
+    its JetStream writer, what the leader says of priorities, and its reads of a job's
+    record from the store."""
 
     config: AdmissionConfig
     models: frozenset[str]
@@ -62,6 +63,7 @@ class SubmissionParts(Protocol):
     node_mirror: KvMirror
     metrics: Metrics
     writer: JetStreamWriter
+    leader_policy: LeaderPolicy
 
     @property
     def quotas(self) -> Quotas: ...
@@ -110,9 +112,9 @@ class Submissions:
         """A priority the leading scheduler's policy cannot honour is refused, not
         stored to be ignored; without a leader's answer the job is taken (a policy that
         honours it may lead by the time it runs)."""
-        _, status = await leader_status(self.api.nc, self.api.stores.lease)
-        if status.get("honours_priority") is False:
-            raise _priority_refused(str(status.get("policy")))
+        honours, policy = await self.api.leader_policy.honours_priority()
+        if honours is False:
+            raise _priority_refused(str(policy))
 
     async def _admit(
         self, tenant: str, spec: JobSpec, iterations: int, key: str | None
