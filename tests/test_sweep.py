@@ -17,6 +17,7 @@ from gpusched.services.cli.main import app
 from gpusched.services.scheduler.policies.sjf_bsbf import SjfBsbf
 from gpusched.services.scheduler.simulation.results import SimResult
 from gpusched.services.scheduler.simulation.runner import (
+    Interrupted,
     build_cluster,
     build_models,
     load_workload,
@@ -157,3 +158,25 @@ def test_simulate_refuses_an_unknown_executor_naming_the_option():
         "simulate", "--synthetic", "5", "--executor", "ray", "--out", "unused"])  # fmt: skip
     assert result.exit_code == 2
     assert "--executor 'ray': kind must be one of local, dask" in result.output
+
+
+def test_ctrl_c_in_a_parallel_sweep_keeps_the_finished_runs_and_stops_the_running_one():
+    truth, _ = build_models(None)
+    cluster = build_cluster("1x8", None)
+    short = load_workload("synthetic:20", None, truth, seed=1, cluster=cluster).jobs
+    # minutes of work for synergy-las (12,000 jobs crowding one node): the sweep only
+    # ends in time if its worker is stopped
+    crowd = load_workload(
+        "synthetic:12000", None, truth, seed=1, rate_per_h=200, cluster=cluster
+    ).jobs
+    runs = [SimRun("fifo", cluster, short, "fifo", truth),
+            SimRun("synergy-las", cluster, crowd, "synergy-las", truth)]  # fmt: skip
+
+    def finished(result: SimResult) -> None:
+        if result.policy == "fifo":
+            raise KeyboardInterrupt  # what Ctrl-C raises while fifo's line is printed
+
+    with pytest.raises(Interrupted) as caught:
+        sweep(runs, workers=2, on_finished=finished)
+    assert [r.policy for r in caught.value.finished] == ["fifo"]
+    assert caught.value.running in (None, "synergy-las")  # None: it had not reported yet

@@ -60,12 +60,12 @@ class InputError(ValueError):
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during `run_policies`, carrying the results of the policies that finished
     before it (``finished``, in run order) and the name of the one it stopped
-    (``running``; None when it came between two runs). A caller that does not look for
-    it sees a plain KeyboardInterrupt."""
+    (``running``, names joined by ", " where several ran at once; None when it came
+    between two runs). A caller that does not look for it sees a plain KeyboardInterrupt."""
 
     def __init__(self, finished: Sequence[SimResult], running: str | None) -> None:
         if running is not None:
-            where = f"during policy {running}"
+            where = f"during polic{'ies' if ', ' in running else 'y'} {running}"
         else:
             where = f"after policy {finished[-1].policy}" if finished else "before any policy"
         super().__init__(f"interrupted {where}")
