@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -180,3 +180,33 @@ def test_ctrl_c_in_a_parallel_sweep_keeps_the_finished_runs_and_stops_the_runnin
         sweep(runs, workers=2, on_finished=finished)
     assert [r.policy for r in caught.value.finished] == ["fifo"]
     assert caught.value.running in (None, "synergy-las")  # None: it had not reported yet
+
+
+@dataclass(frozen=True)
+class Square:
+    """A run of anything: the sweep asks only for a label, a total and a call."""
+
+    n: int
+    total: int = 1
+
+    @property
+    def label(self) -> str:
+        return f"square of {self.n}"
+
+    def __call__(self, progress: object = None) -> tuple[int, int]:
+        return self.n, self.n * self.n
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_sweep_of_runs_of_any_kind_keeps_their_order_and_names_the_last_on_ctrl_c(workers: int):
+    squares = [Square(n) for n in range(5)]
+    assert sweep(squares, workers=workers) == [(n, n * n) for n in range(5)]
+
+    def finished(result: tuple[int, int]) -> None:
+        if result[0] == 0:
+            raise KeyboardInterrupt
+
+    with pytest.raises(Interrupted) as caught:
+        sweep(squares[:1], workers=workers, on_finished=finished)
+    assert str(caught.value) == "interrupted after policy square of 0"
+    assert caught.value.finished == [(0, 0)]

@@ -63,11 +63,15 @@ class Interrupted(KeyboardInterrupt):
     (``running``, names joined by ", " where several ran at once; None when it came
     between two runs). A caller that does not look for it sees a plain KeyboardInterrupt."""
 
-    def __init__(self, finished: Sequence[SimResult], running: str | None) -> None:
+    def __init__(
+        self, finished: Sequence[SimResult], running: str | None, after: str | None = None
+    ) -> None:
+        # after: the run that ended last, where its result is not a SimResult
+        after = after or (finished[-1].policy if finished else None)
         if running is not None:
             where = f"during polic{'ies' if ', ' in running else 'y'} {running}"
         else:
-            where = f"after policy {finished[-1].policy}" if finished else "before any policy"
+            where = f"after policy {after}" if after else "before any policy"
         super().__init__(f"interrupted {where}")
         self.finished = list(finished)
         self.running = running

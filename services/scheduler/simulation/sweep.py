@@ -173,10 +173,16 @@ def sweep(
     return _on_pool(runs, min(workers, len(runs)), progress_factory, on_finished)
 
 
-def _interrupted(finished: Sequence[Any], running: Sequence[str]) -> KeyboardInterrupt:
+def _interrupted(
+    runs: Sequence[Run[Any]], results: dict[int, Any], running: Sequence[str]
+) -> KeyboardInterrupt:
+    """`Interrupted` with the results so far in the order of ``runs`` (``results`` holds
+    them in the order they ended)."""
     from gpusched.services.scheduler.simulation.runner import Interrupted
 
-    return Interrupted(finished, ", ".join(running) or None)
+    last = runs[list(results)[-1]].label if results else None
+    finished = [results[i] for i in sorted(results)]
+    return Interrupted(finished, ", ".join(running) or None, after=last)
 
 
 def _serial(
@@ -184,23 +190,22 @@ def _serial(
     progress_factory: ProgressFactory | None,
     on_finished: Callable[[R], None] | None,
 ) -> list[R]:
-    results: list[R] = []
+    results: dict[int, R] = {}
     running: list[str] = []
     try:
-        for run in runs:
+        for i, run in enumerate(runs):
             running = [run.label]
             progress = progress_factory(run.label, run.total) if progress_factory else None
             try:
-                result = run(progress)
+                results[i] = run(progress)
             except Exception as exc:
                 raise RunFailed(run.label, exc) from exc
-            results.append(result)
             running = []
             if on_finished is not None:
-                on_finished(result)
+                on_finished(results[i])
     except KeyboardInterrupt:
-        raise _interrupted(results, running) from None
-    return results
+        raise _interrupted(runs, results, running) from None
+    return list(results.values())
 
 
 # ---------------------------------------------------------------------- local processes
@@ -334,7 +339,7 @@ def _on_pool(
         clean = True
     except KeyboardInterrupt:
         running = [runs[i].label for i in sorted(relay.started) if i not in results]
-        raise _interrupted([results[i] for i in sorted(results)], running) from None
+        raise _interrupted(runs, results, running) from None
     finally:
         _close_pool(pool, clean)
         relay.stop.set()
@@ -424,7 +429,7 @@ def _on_dask(
     except KeyboardInterrupt:
         # the scheduler does not say which of the unfinished runs a worker holds
         running = [runs[i].label for i in range(len(runs)) if i not in results]
-        raise _interrupted([results[i] for i in sorted(results)], running) from None
+        raise _interrupted(runs, results, running) from None
     finally:
         if futures:
             client.cancel(futures)
