@@ -453,7 +453,10 @@ def _announce(
     each = [estimate_s([name], n_jobs) for name in names]
     at_once = min(workers, len(names))
     how = "one after another" if at_once == 1 else f"{at_once} at a time"
-    if where.kind != "local":
+    if where.address is not None:
+        # a running Dask cluster: how many workers it has is its own affair
+        at_once, how = 1, f"on the workers of {where}"
+    elif where.kind != "local":
         how += f" on {where}"
     # no faster than the slowest run, however many run beside it
     took = human_duration(max(max(each, default=0.0), sum(each) / at_once))
