@@ -50,7 +50,7 @@ def job_detail(record: JobRecord, now: float) -> JobDetail:
 
 
 def _detail_fields(record: JobRecord, now: float) -> dict[str, Any]:
-    fields = {name: getattr(record, name) for name in record.__struct_fields__}
+    fields = msgspec.structs.asdict(record)
     fields["deadline"] = record.spec.deadline
     fields["deadline_likely_met"] = deadline_likely_met(record, now)
     return fields
