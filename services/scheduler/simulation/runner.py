@@ -29,12 +29,15 @@ from gpusched.libs.core.workload import materialize, synthetic
 from gpusched.services.scheduler.policies import (
     POLICIES,
     RESIDENT_CAP_POLICIES,
-    Policy,
     make_policy,
 )
 from gpusched.services.scheduler.policies.sjf_bsbf import resident_cap_problem
 from gpusched.services.scheduler.simulation.results import SimResult
-from gpusched.services.scheduler.simulation.simulator import SimConfig, simulate
+from gpusched.services.scheduler.simulation.simulator import SimConfig
+from gpusched.services.scheduler.simulation.sweep import (
+    Interrupted as Interrupted,  # where callers of run_policies have always found it
+)
+from gpusched.services.scheduler.simulation.sweep import RunFailed, SimRun, sweep
 
 if TYPE_CHECKING:
     from gpusched.services.scheduler.simulation.sweep import Executor
@@ -55,26 +58,6 @@ FinishedCallback = Callable[[SimResult], None]
 
 class InputError(ValueError):
     """A user-supplied setting or workload that cannot be used; the message says why."""
-
-
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C during `run_policies`, carrying the results of the policies that finished
-    before it (``finished``, in run order) and the name of the one it stopped
-    (``running``, names joined by ", " where several ran at once; None when it came
-    between two runs). A caller that does not look for it sees a plain KeyboardInterrupt."""
-
-    def __init__(
-        self, finished: Sequence[SimResult], running: str | None, after: str | None = None
-    ) -> None:
-        # after: the run that ended last, where its result is not a SimResult
-        after = after or (finished[-1].policy if finished else None)
-        if running is not None:
-            where = f"during polic{'ies' if ', ' in running else 'y'} {running}"
-        else:
-            where = f"after policy {after}" if after else "before any policy"
-        super().__init__(f"interrupted {where}")
-        self.finished = list(finished)
-        self.running = running
 
 
 @dataclass
@@ -346,8 +329,6 @@ def run_policies(
     names whatever order the runs end in. Ctrl-C raises `Interrupted` with the results
     of the runs that had ended.
     """
-    from gpusched.services.scheduler.simulation.sweep import RunFailed, SimRun, sweep
-
     names = check_policies(policy_names, max_resident_slowdown)
     runs = [
         SimRun(name, cluster, jobs, name, truth, estimates, config, max_resident_slowdown,
@@ -360,28 +341,6 @@ def run_policies(
         # callers catch what the run itself raised (PolicyViolation, UnknownModelError,
         # ...); its cause is the worker's traceback where it ran in another process
         raise exc.error from exc.error.__cause__
-
-
-def run_one(
-    cluster: Cluster,
-    jobs: Sequence[JobSpec],
-    policy: Policy,
-    truth: PerformanceModel,
-    estimates: PerformanceModel | None,
-    config: SimConfig | None,
-    progress: ProgressCallback | None,
-    opt_bound: bool,
-) -> SimResult:
-    if not opt_bound:
-        return simulate(cluster, jobs, policy, truth, estimates, config, progress)
-    from dataclasses import replace
-
-    # imported here: the integer program's scipy parts are needed by --opt-bound alone
-    from gpusched.services.scheduler.simulation.synergy_opt import OptBounded
-
-    bounded = OptBounded(policy)
-    result = simulate(cluster, jobs, bounded, truth, estimates, config, progress)
-    return replace(result, opt_bound=bounded.summary())
 
 
 # ---------------------------------------------------------------------------- estimates

@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 from gpusched.libs.core.extras import require
@@ -65,6 +65,27 @@ class Run(Protocol[R_co]):
     def total(self) -> int: ...
 
     def __call__(self, progress: ProgressCallback | None = None) -> R_co: ...
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a sweep (`run_policies`'s among others), carrying the results of the
+    runs that finished
+    before it (``finished``, in run order) and the name of the one it stopped
+    (``running``, names joined by ", " where several ran at once; None when it came
+    between two runs). A caller that does not look for it sees a plain KeyboardInterrupt."""
+
+    def __init__(
+        self, finished: Sequence[SimResult], running: str | None, after: str | None = None
+    ) -> None:
+        # after: the run that ended last, where its result is not a SimResult
+        after = after or (finished[-1].policy if finished else None)
+        if running is not None:
+            where = f"during polic{'ies' if ', ' in running else 'y'} {running}"
+        else:
+            where = f"after policy {after}" if after else "before any policy"
+        super().__init__(f"interrupted {where}")
+        self.finished = list(finished)
+        self.running = running
 
 
 class RunFailed(RuntimeError):
@@ -106,16 +127,21 @@ class SimRun:
 
     def __call__(self, progress: ProgressCallback | None = None) -> SimResult:
         from gpusched.services.scheduler.policies import make_policy
-        from gpusched.services.scheduler.simulation.runner import run_one
+        from gpusched.services.scheduler.simulation.simulator import simulate
 
         if isinstance(self.policy, str):
             policy = make_policy(self.policy, max_resident_slowdown=self.max_resident_slowdown)
         else:
             policy = self.policy()
-        return run_one(
-            self.cluster, self.jobs, policy, self.truth, self.estimates, self.config,
-            progress, self.opt_bound,
-        )  # fmt: skip
+        inputs = (self.truth, self.estimates, self.config, progress)
+        if not self.opt_bound:
+            return simulate(self.cluster, self.jobs, policy, *inputs)
+        # imported here: the integer program's scipy parts are needed by --opt-bound alone
+        from gpusched.services.scheduler.simulation.synergy_opt import OptBounded
+
+        bounded = OptBounded(policy)
+        result = simulate(self.cluster, self.jobs, bounded, *inputs)
+        return replace(result, opt_bound=bounded.summary())
 
 
 @dataclass(frozen=True)
@@ -178,8 +204,6 @@ def _interrupted(
 ) -> KeyboardInterrupt:
     """`Interrupted` with the results so far in the order of ``runs`` (``results`` holds
     them in the order they ended)."""
-    from gpusched.services.scheduler.simulation.runner import Interrupted
-
     last = runs[list(results)[-1]].label if results else None
     finished = [results[i] for i in sorted(results)]
     return Interrupted(finished, ", ".join(running) or None, after=last)
