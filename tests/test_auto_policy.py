@@ -3,12 +3,18 @@ sharing where a cap is given (services/scheduler/policies/auto.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from gpusched.libs.core.elastic import Elastic
+from gpusched.libs.core.snapshot import JobView
 from gpusched.services.scheduler.policies import make_policy
 from gpusched.services.scheduler.policies.auto import Auto
 from gpusched.services.scheduler.policies.genie import Genie
-from tests.builders import TablePerf, cluster, pending, running, snapshot
+from gpusched.services.scheduler.policies.ones import Ones
+from gpusched.services.scheduler.simulation.simulator import simulate
+from tests.builders import TablePerf, cluster, job, pending, running, snapshot
 
 DAY = 24 * 3600.0
 PERF = TablePerf()
@@ -116,3 +122,56 @@ def test_a_time_scaled_auto_scales_the_floor_of_its_bound() -> None:
 def test_a_bad_setting_is_refused_naming_the_field(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         Auto(**{field: value})
+
+
+def _elastic(view: JobView, least: int = 1, most: int | None = None) -> JobView:
+    return replace(view, elastic=Elastic(min_gpus=least, max_gpus=most))
+
+
+def test_an_elastic_job_is_started_by_the_search_on_gpus_no_rigid_job_takes() -> None:
+    # r (rigid) and e (bounds declared) ask 2 of the 4 GPUs each: the search starts e
+    # as ONES starts a new job, on one GPU at its per-GPU batch, on GPUs r does not hold
+    snap = snapshot(
+        cluster(1, 4), PERF,
+        [pending("r", 100, gpus=2), _elastic(pending("e", 50, gpus=2, batch=64))],
+    )  # fmt: skip
+    decision = Auto().decide(snap)
+    by_id = {s.job_id: s for s in decision.starts}
+    assert len(by_id["r"].gpu_ids) == 2 and by_id["r"].batch_size is None
+    assert len(by_id["e"].gpu_ids) == 1 and by_id["e"].batch_size == 32
+    assert set(by_id["e"].gpu_ids).isdisjoint(by_id["r"].gpu_ids)
+    # with the rule off, e starts at the size it asked for, as any job
+    rigid = {s.job_id: s for s in Auto(elastic=False).decide(snap).starts}
+    assert rigid["e"].batch_size is None and len(rigid["e"].gpu_ids) == 2
+
+
+def test_an_elastic_job_grown_past_what_it_asked_is_shrunk_back_while_a_rigid_job_waits() -> (
+    None
+):
+    policy = Auto(preempt=False)
+    # the search first sees e queued, asking for 1 GPU
+    policy.decide(snapshot(cluster(1, 4), PERF, [_elastic(pending("e", 5000))]))
+    # e now runs on all 4 GPUs, long past the search's gate; r (rigid) needs 2
+    grown = replace(_elastic(running("e", 5000, (0, 1, 2, 3))), started_at=0.0)
+    waiting = snapshot(cluster(1, 4), PERF, [pending("r", 100, gpus=2)], [grown], now=3600.0)
+    decision = policy.decide(waiting)
+    (resize,) = decision.resizes
+    assert resize.job_id == "e" and len(resize.gpu_ids) == 1
+    # with nothing rigid waiting it may keep what it borrowed
+    alone = snapshot(cluster(1, 4), PERF, [], [grown], now=3600.0)
+    assert all(len(r.gpu_ids) > 1 for r in policy.decide(alone).resizes)
+
+
+def test_a_workload_of_elastic_jobs_only_is_scheduled_as_ones_schedules_it() -> None:
+    trace = [
+        replace(job(f"j{i}", submit=20.0 * i, iterations=300 + 97 * i, gpus=1 + i % 2),
+                min_gpus=1)
+        for i in range(8)
+    ]  # fmt: skip
+    cl = cluster(1, 4, gpu_mem_mb=16_000)
+    by_auto = simulate(cl, trace, Auto(), PERF)
+    by_ones = simulate(cl, trace, Ones(), PERF)
+    assert [(o.job_id, o.jct_s) for o in by_auto.jobs] == [
+        (o.job_id, o.jct_s) for o in by_ones.jobs
+    ]
+    assert by_auto.resizes == by_ones.resizes

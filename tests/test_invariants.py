@@ -4,12 +4,13 @@ no job finishes faster than it would alone."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpusched.libs.core.decision import Decision
+from gpusched.libs.core.jobs import JobSpec
 from gpusched.libs.core.snapshot import Snapshot
 from gpusched.services.scheduler.policies import POLICIES, RESIDENT_CAP_POLICIES, make_policy
 from gpusched.services.scheduler.policies.base import Capabilities, Policy
@@ -88,7 +89,20 @@ job_strategy = st.tuples(
     st.sampled_from(["a", "b", "c"]),
     st.sampled_from([8, 32, 64, 256]),
     st.booleans(),
+    st.sampled_from([False, False, True]),  # declares elastic bounds (1 GPU at least)
 )
+
+
+def trace_of(rows: list[tuple]) -> list[JobSpec]:
+    """The jobs ``job_strategy``'s rows describe."""
+    return [
+        replace(
+            job(f"j{i}", submit, iters, gpus=gpus, model=model, batch=max(batch, gpus),
+                share=share),
+            min_gpus=1 if elastic else None,
+        )
+        for i, (submit, iters, gpus, model, batch, share, elastic) in enumerate(rows)
+    ]  # fmt: skip
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -101,10 +115,7 @@ job_strategy = st.tuples(
 def test_every_policy_keeps_the_cluster_invariants_and_finishes_every_schedulable_job(
     rows, nodes, policy_name, cap
 ):
-    trace = [
-        job(f"j{i}", submit, iters, gpus=gpus, model=model, batch=max(batch, gpus), share=share)
-        for i, (submit, iters, gpus, model, batch, share) in enumerate(rows)
-    ]
+    trace = trace_of(rows)
     audited = Audited(make_policy(policy_name, max_resident_slowdown=cap))
     cl = cluster(nodes, 4, gpu_mem_mb=16_000)
     result = simulate(cl, trace, audited, PERF, config=SimConfig(restart_overhead_s=5.0))
@@ -118,7 +129,7 @@ def test_every_policy_keeps_the_cluster_invariants_and_finishes_every_schedulabl
         if outcome.job_id not in audited.resized:  # grown, it may beat its asked shape
             assert outcome.jct_s >= outcome.exclusive_s * (1 - 1e-9)
     assert 0.0 <= result.gpu_util <= 1.0 + 1e-9
-    if not any(s for *_, s in rows) or policy_name not in RESIDENT_CAP_POLICIES:
+    if not any(row[5] for row in rows) or policy_name not in RESIDENT_CAP_POLICIES:
         assert result.shared_pairs == 0
 
 
@@ -128,10 +139,7 @@ def test_every_policy_keeps_the_cluster_invariants_and_finishes_every_schedulabl
     seed_policy=st.sampled_from(sorted(POLICIES)),
 )
 def test_a_simulation_is_deterministic(rows, seed_policy):
-    trace = [
-        job(f"j{i}", submit, iters, gpus=gpus, model=model, batch=max(batch, gpus), share=share)
-        for i, (submit, iters, gpus, model, batch, share) in enumerate(rows)
-    ]
+    trace = trace_of(rows)
     first = simulate(cluster(2, 4), trace, make_policy(seed_policy), PERF)
     second = simulate(cluster(2, 4), trace, make_policy(seed_policy), PERF)
     assert first.jobs == second.jobs

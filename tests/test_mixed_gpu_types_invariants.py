@@ -15,7 +15,7 @@ from gpusched.libs.core.snapshot import Snapshot
 from gpusched.services.scheduler.policies import POLICIES, make_policy
 from gpusched.services.scheduler.simulation.simulator import SimConfig, simulate
 from tests.builders import cluster, job
-from tests.test_invariants import PERF, Audited, job_strategy
+from tests.test_invariants import PERF, Audited, job_strategy, trace_of
 
 TYPES = ("V100", "P100", "K80")
 
@@ -57,10 +57,7 @@ group_strategy = st.tuples(
 def test_every_policy_keeps_gangs_on_one_gpu_type_and_finishes_every_job_that_fits_one(
     rows, groups, policy_name
 ):
-    trace = [
-        job(f"j{i}", submit, iters, gpus=gpus, model=model, batch=max(batch, gpus), share=share)
-        for i, (submit, iters, gpus, model, batch, share) in enumerate(rows)
-    ]
+    trace = trace_of(rows)
     cl = mixed_cluster(groups)
     assert cl.mixed
     audited = AuditedTypes(make_policy(policy_name))

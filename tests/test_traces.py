@@ -164,6 +164,8 @@ def test_every_pollux_workload_loads_one_job_per_row() -> None:
         assert len(trace.jobs) == rows
         assert_sorted_from_zero(trace)
         assert all(j.model and j.batch_size and j.iterations for j in trace.jobs)
+        # adaptive jobs: each declares itself elastic, one GPU at least
+        assert {(j.min_gpus, j.max_gpus) for j in trace.jobs} == {(1, None)}
 
 
 def test_pollux_iterations_come_from_the_nearest_progress_trace_with_a_data_dir() -> None:

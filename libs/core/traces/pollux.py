@@ -70,6 +70,9 @@ def load_pollux(path: Path, opts: Options) -> Collected[TraceJob]:
             batch_size=batch,
             iterations=iterations(app, batch),
             line=line,
+            # Pollux's workloads are of adaptive jobs: the scheduler picks each job's
+            # GPUs and batch, so every job declares itself elastic (1 GPU at least)
+            min_gpus=1,
         )
 
     collected = collect(path, rows, parse, opts)

@@ -34,10 +34,25 @@ combines them; each rule below names where it comes from).
    cap tried raised the mean JCT: the pairwise test does not see the jobs queued
    behind a slowed resident.
 
-Not yet part of ``auto``: Synergy's CPU/memory tuning, ONES's elastic resizing and a
-GPU-type-aware placement; on a workload that needs them the seed policy does better.
-Sharing is not combined with preemption in one decision: a decision that preempts
-shares nothing.
+5. **Elastic jobs: ONES's search** (``ones.py``), for the jobs that declare elastic
+   bounds (``min_gpus``/``max_gpus`` or batch bounds; ``JobView.elastic``) and no
+   priority (the search re-plans sizes, so no order could honour one). Rules 1-4 decide
+   over the other jobs, seeing elastic jobs only where they run (A-SRPT's preemption
+   spares them). Then ONES's search runs over the elastic jobs alone, on a cluster of
+   the GPUs that decision leaves: it starts queued ones (on one GPU, at their per-GPU
+   batch) and sizes running ones within their bounds (growth, shrinking, a batch along
+   the model's convergence curve). Elastic jobs only borrow GPUs (ours): while a job
+   without bounds is left waiting, a running elastic job is left as it is unless it
+   holds more GPUs than it asked for and may change (past ONES's epoch gate), and then
+   it is shrunk back to what it asked, so the borrowed GPUs go back to the queue; a
+   queued elastic job gets no more than it asked for. A workload without elastic jobs
+   never runs the search; one of elastic jobs only is scheduled exactly as ``ones``
+   schedules it. Measured on ``mixed:2000`` (30 % elastic, docs/results.md "auto"),
+   resizing under load only added restarts, hence the rule's second half.
+
+Not yet part of ``auto``: Synergy's CPU/memory tuning and a GPU-type-aware placement;
+on a workload that needs them the seed policy does better. Sharing is not combined
+with preemption in one decision: a decision that preempts shares nothing.
 """
 
 from __future__ import annotations
@@ -46,12 +61,15 @@ import heapq
 import math
 from dataclasses import dataclass, field, replace
 
+from gpusched.libs.core.cluster import Cluster
 from gpusched.libs.core.decision import Decision, Preempt, Start
+from gpusched.libs.core.elastic import Elastic
 from gpusched.libs.core.lifecycle import JobState
 from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.scheduler.policies.asrpt import Asrpt
 from gpusched.services.scheduler.policies.base import Capabilities, QueueSort, queue_in
 from gpusched.services.scheduler.policies.genie import SLACK_ORDER, Genie
+from gpusched.services.scheduler.policies.ones import Ones
 from gpusched.services.scheduler.policies.sjf_bsbf import SjfBsbf, resident_cap_problem
 
 AUTO_CAPABILITIES = Capabilities(
@@ -78,9 +96,13 @@ class Auto:
     #: virtual work, and whose restart costs at most half its predicted remaining time,
     #: is preempted when GENIE then gives its GPUs to another job
     preempt: bool = True
+    #: ONES's search over the jobs that declare elastic bounds; False: they run at the
+    #: size they asked for, as every other job
+    elastic: bool = True
     _genie: Genie = field(default_factory=Genie, compare=False, repr=False)
     _asrpt: Asrpt = field(default_factory=Asrpt, compare=False, repr=False)
     _sharing: SjfBsbf | None = field(default=None, compare=False, repr=False)
+    _ones: Ones = field(default_factory=Ones, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not (self.max_wait_factor > 0 and math.isfinite(self.max_wait_factor)):
@@ -101,7 +123,12 @@ class Auto:
 
     def scaled(self, time_scale: float) -> Auto:
         """This policy on a cluster whose seconds are ``time_scale`` of the jobs' own."""
-        return replace(self, min_wait_s=self.min_wait_s * time_scale, _sharing=None)
+        return replace(
+            self,
+            min_wait_s=self.min_wait_s * time_scale,
+            _sharing=None,
+            _ones=self._ones.scaled(time_scale),
+        )
 
     @property
     def preemptive(self) -> bool:
@@ -114,12 +141,91 @@ class Auto:
     @property
     def capabilities(self) -> Capabilities:
         can = AUTO_CAPABILITIES if self._sharing is None else AUTO_SHARING_CAPABILITIES
+        if self.elastic:
+            # ONES's fitness counts the samples a converging elastic job has left
+            ones = self._ones.capabilities
+            can = replace(
+                can, resizes=True, predicts_progress=True, progress_seed=ones.progress_seed
+            )
         if self.preempt:
             # the driver keeps the queue in A-SRPT's rank too (Snapshot.orders)
             return replace(can, extra_sorts=(self._asrpt.queue_sort,))
         return can
 
     def decide(self, snapshot: Snapshot) -> Decision:
+        if not self.elastic or not (
+            any(_sized_by_search(j) for j in snapshot.running)
+            or any(_sized_by_search(j) for j in snapshot.pending)
+        ):
+            return self._rigid_decide(snapshot)
+        # elastic jobs are the search's to start: rules 1-4 see them only running
+        rigid = replace(
+            snapshot,
+            pending=tuple(j for j in snapshot.pending if not _sized_by_search(j)),
+            orders={
+                k: tuple(j for j in v if not _sized_by_search(j))
+                for k, v in snapshot.orders.items()
+            },
+            index=None,
+            _by_id={},
+        )
+        return self._with_elastic(snapshot, self._rigid_decide(rigid))
+
+    def _with_elastic(self, snapshot: Snapshot, decision: Decision) -> Decision:
+        """``decision`` with ONES's search run over the elastic jobs on the GPUs it
+        leaves (rule 5): their resizes and starts, the search's preemptions of elastic
+        jobs, and the reasons of those it leaves waiting."""
+        started = {s.job_id for s in decision.starts}
+        preempted = {p.job_id for p in decision.preemptions}
+        rigid_waits = any(
+            not _sized_by_search(j) for j in snapshot.pending if j.job_id not in started
+        )
+        ones = self._ones
+        running: list[JobView] = []
+        for job in snapshot.running:
+            if job.job_id in preempted or not _sized_by_search(job):
+                continue
+            if rigid_waits:
+                asked = ones.asked_gpus(job)
+                frozen = snapshot.now - job.started_at < ones.settling_s(job)
+                if frozen or job.gpus <= asked:
+                    # it stays as it is: resizing it under load only adds restarts
+                    continue
+                job = _capped(job, asked)
+            running.append(job)
+        pending = [
+            _capped(j, ones.asked_gpus(j)) if rigid_waits else j
+            for j in snapshot.pending
+            if j.job_id not in started and _sized_by_search(j)
+        ]
+        if not running and not pending:
+            return decision
+        base = _without(snapshot, preempted) if preempted else snapshot
+        searched = {j.job_id for j in running}
+        taken = {gpu for j in base.running if j.job_id not in searched for gpu in j.gpu_ids}
+        for start in decision.starts:
+            taken.update(start.gpu_ids)
+        # an elastic job on a GPU another job shares stays as it is
+        running = [j for j in running if taken.isdisjoint(j.gpu_ids)]
+        view, local_to_global = _elastic_view(base, tuple(running), tuple(pending), taken)
+        sized = _on_global_gpus(ones.decide(view), local_to_global)
+        placed = {s.job_id for s in sized.starts}
+        reasons = {k: v for k, v in decision.reasons.items() if k not in placed}
+        for job_id, why in sized.reasons.items():
+            if job_id not in placed:
+                reasons.setdefault(job_id, why)
+        wakes = [w for w in (decision.wake_at, sized.wake_at) if w is not None]
+        return replace(
+            decision,
+            starts=decision.starts + sized.starts,
+            preemptions=decision.preemptions + sized.preemptions,
+            resizes=decision.resizes + sized.resizes,
+            reasons=reasons,
+            wake_at=min(wakes) if wakes else None,
+        )
+
+    def _rigid_decide(self, snapshot: Snapshot) -> Decision:
+        """Rules 1-4 over every job, elastic ones at the size they asked for."""
         snapshot = self._starving_first(snapshot)
         decision = None
         if self.preempt and snapshot.pending and snapshot.running:
@@ -156,7 +262,10 @@ class Auto:
         asrpt_view = replace(
             snapshot, pending=tuple(queue_in(snapshot, ranked)), queue_order=ranked.name
         )
-        victims = {p.job_id for p in self._asrpt.decide(asrpt_view).preemptions}
+        victims = {
+            p.job_id for p in self._asrpt.decide(asrpt_view).preemptions
+            if not (self.elastic and _sized_by_search(snapshot.job(p.job_id)))
+        }
         if not victims:
             return None
         decision = self._genie.decide(_without(snapshot, victims))
@@ -202,6 +311,66 @@ class Auto:
         first = {j.job_id for j in starving}
         rest = [j for j in queue_in(snapshot, SLACK_ORDER) if j.job_id not in first]
         return replace(snapshot, pending=(*starving, *rest), queue_order=SLACK_ORDER.name)
+
+
+def _sized_by_search(job: JobView) -> bool:
+    """Whether rule 5 sizes this job: it declares elastic bounds and no priority."""
+    return job.elastic is not None and job.priority == 0
+
+
+def _capped(job: JobView, most: int) -> JobView:
+    """``job`` with its elastic bounds letting it run on at most ``most`` GPUs."""
+    bounds = job.elastic or Elastic()
+    most = max(bounds.min_gpus, most)
+    if bounds.max_gpus is not None and bounds.max_gpus <= most:
+        return job
+    return replace(job, elastic=replace(bounds, max_gpus=most))
+
+
+def _elastic_view(
+    snapshot: Snapshot,
+    running: tuple[JobView, ...],
+    pending: tuple[JobView, ...],
+    taken: set[int],
+) -> tuple[Snapshot, tuple[int, ...]]:
+    """What ONES's search sees: only the elastic jobs, on a cluster of the GPUs not
+    ``taken`` (other jobs', and this decision's starts), each node keeping only those;
+    and the global index of each of its GPUs. The search treats every GPU of its
+    cluster as its own, so the others are left out rather than marked busy."""
+    cluster = snapshot.cluster
+    local_to_global = tuple(g for g in range(cluster.total_gpus) if g not in taken)
+    global_to_local = {g: i for i, g in enumerate(local_to_global)}
+    kept = [0] * len(cluster.nodes)
+    for g in local_to_global:
+        kept[cluster.gpu_node[g]] += 1
+    sub = Cluster(tuple(replace(n, gpus=k) for n, k in zip(cluster.nodes, kept, strict=True)))
+    moved = tuple(
+        replace(j, gpu_ids=tuple(global_to_local[g] for g in j.gpu_ids)) for j in running
+    )
+    view = Snapshot.of_jobs(
+        snapshot.now,
+        sub,
+        pending,
+        moved,
+        snapshot.estimates,
+        max_jobs_per_gpu=snapshot.max_jobs_per_gpu,
+        queue_order=snapshot.queue_order,
+        prioritized=False,
+    )
+    return view, local_to_global
+
+
+def _on_global_gpus(decision: Decision, local_to_global: tuple[int, ...]) -> Decision:
+    """``decision``, taken on the search's cluster, on the whole cluster's GPUs."""
+
+    def moved(gpu_ids: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(local_to_global[g] for g in gpu_ids)
+
+    return replace(
+        decision,
+        starts=tuple(replace(s, gpu_ids=moved(s.gpu_ids)) for s in decision.starts),
+        resizes=tuple(replace(r, gpu_ids=moved(r.gpu_ids)) for r in decision.resizes),
+    )
 
 
 def _requeued(job: JobView, now: float) -> JobView:

@@ -160,7 +160,7 @@ class Ones:
 
     seed: int = 0
     #: seconds a job runs at a shape before it may change again, where an epoch at that
-    #: shape takes longer (see ``_settling_s``)
+    #: shape takes longer (see ``settling_s``)
     min_run_s: float = 120.0
     #: seconds a job loses when its GPU count changes (the restart from its checkpoint;
     #: the simulator's ``restart_overhead_s``), charged in the fitness
@@ -226,6 +226,10 @@ class Ones:
             start_on_one_gpu=self.start_on_one_gpu,
             batch_search=self.batch_search,
         )
+
+    def asked_gpus(self, view: JobView) -> int:
+        """The GPUs ``view``'s job asked for (its size when the search first saw it)."""
+        return self._asked.get(view.job_id, (view.gpus, view.batch_size))[0]
 
     @property
     def population(self) -> list[tuple[str | None, ...]]:
@@ -316,7 +320,7 @@ class Ones:
                 ladder = [doubling_floor(max(1, view.gpus // 2)) if view.preemptions else 1]
                 while not self.start_on_one_gpu and ladder[-1] * 2 <= min(total, asked_gpus):
                     ladder.append(ladder[-1] * 2)
-            elif now - view.started_at < self._settling_s(view):
+            elif now - view.started_at < self.settling_s(view):
                 kind = "frozen"
                 ladder = [view.gpus]
             else:
@@ -643,7 +647,7 @@ class Ones:
         idle = snapshot.free_gpus
         return all(job.sizes[0] > idle for job in jobs if job.kind == "new")
 
-    def _settling_s(self, view: JobView) -> float:
+    def settling_s(self, view: JobView) -> float:
         """How long a job runs at a shape before it may change: one epoch where the
         driver knows its length (ONES's rule) and it is shorter than ``min_run_s``, else
         ``min_run_s`` (four restarts' worth by default, ours: an epoch of a job on one
@@ -661,8 +665,8 @@ class Ones:
         self._quiet = 0 if changed else self._quiet + 1
         backoff = min(MAX_BACKOFF, 2 ** max(0, self._quiet - QUIET_GENERATIONS))
         thaws = [
-            j.view.started_at + self._settling_s(j.view)
+            j.view.started_at + self.settling_s(j.view)
             for j in jobs
-            if j.kind == "frozen" and j.view.started_at + self._settling_s(j.view) > snapshot.now
+            if j.kind == "frozen" and j.view.started_at + self.settling_s(j.view) > snapshot.now
         ]
         return min([*thaws, snapshot.now + self.min_run_s * backoff])
