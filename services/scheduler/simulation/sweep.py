@@ -186,7 +186,8 @@ def sweep(
     ``workers`` (default: the cores) runs at a time; ``progress_factory(label, total)``
     gives the progress callback of a run as it starts (not with a Dask executor, whose
     workers report nothing back until they finish); ``on_finished(result)`` hears of
-    each run as it ends, in the order they end.
+    each run as it ends, in the order of ``runs`` whatever the order they end in (so
+    what it prints is what a serial sweep prints).
     """
     executor = executor or Executor()
     workers = default_workers() if workers is None else workers
@@ -389,16 +390,21 @@ def _gather(
     results: dict[int, R],
     on_finished: Callable[[R], None] | None,
 ) -> None:
-    """Fill ``results`` from futures (of either executor) as they end; a run that
-    raised stops it with `RunFailed`."""
+    """Fill ``results`` from futures (of either executor) as they end, and tell
+    ``on_finished`` of them in the order of ``runs``, as a serial sweep does (a fast run
+    is told of once the runs before it have ended); a run that raised stops it with
+    `RunFailed`."""
+    told = 0
     for i, future in ended:
         try:
             results[i] = future.result()
         except Exception as exc:
             error = _arrived(exc)
             raise RunFailed(runs[i].label, error) from error
-        if on_finished is not None:
-            on_finished(results[i])
+        while told in results:
+            told += 1
+            if on_finished is not None:
+                on_finished(results[told - 1])
 
 
 def _close_pool(pool: ProcessPoolExecutor, clean: bool) -> None:
