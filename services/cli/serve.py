@@ -70,9 +70,7 @@ def register(app: typer.Typer) -> None:
                               "name or uid, or self (this user: jobs can read its "
                               "secrets). docs/security.md.")
         ] = "auto",
-        policy: Annotated[str, typer.Option(help="One of `gpusched policies`.")] = (
-            "sjf-bsbf"
-        ),
+        policy: Annotated[str, typer.Option(help="One of `gpusched policies`.")] = "auto",
         host: Annotated[str, typer.Option(help="Address the HTTP API listens on.")] = (
             "127.0.0.1"
         ),

@@ -69,7 +69,7 @@ class UpConfig:
     #: uses the GPUs NVML finds (one node agent over them), else emulates 4 per node
     gpus_per_node: int | None = None
     gpu_model: str = "V100-32GB"
-    policy: str = "sjf-bsbf"
+    policy: str = "auto"
     host: str = "127.0.0.1"
     port: int = 8080
     #: an existing NATS server; None starts an embedded one

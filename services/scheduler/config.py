@@ -23,7 +23,7 @@ def default_instance() -> str:
 @dataclass(frozen=True)
 class SchedulerConfig:
     nats_url: str
-    policy: str = "sjf-bsbf"
+    policy: str = "auto"
     #: this instance's name in the lease and in decision subjects
     instance: str = field(default_factory=default_instance)
     #: a leader that stops renewing loses the lease after this long
