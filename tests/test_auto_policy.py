@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from gpusched.libs.core.cluster import Cluster, Node
 from gpusched.libs.core.elastic import Elastic
 from gpusched.libs.core.snapshot import JobView
 from gpusched.services.scheduler.policies import make_policy
@@ -175,3 +176,35 @@ def test_a_workload_of_elastic_jobs_only_is_scheduled_as_ones_schedules_it() -> 
         (o.job_id, o.jct_s) for o in by_ones.jobs
     ]
     assert by_auto.resizes == by_ones.resizes
+
+
+def _two_types(fast_mem_mb: int = 10_000) -> Cluster:
+    # K80 first (the reference), then V100: our relative speeds make the V100 faster
+    return Cluster((
+        Node("slow", 2, 10_000, gpu_model="K80"), Node("fast", 2, fast_mem_mb, gpu_model="V100"),
+    ))  # fmt: skip
+
+
+def test_on_mixed_gpu_types_a_start_goes_to_the_fastest_type_with_room() -> None:
+    snap = snapshot(_two_types(), PERF, [pending("a", 100)])
+    (blind,) = Auto(type_aware=False).decide(snap).starts
+    assert blind == Genie().decide(snap).starts[0] and blind.gpu_ids[0] < 2  # the K80s
+    (start,) = Auto().decide(snap).starts
+    assert start.gpu_ids[0] in (2, 3)  # a V100
+    # two 2-GPU gangs: one on each type, never across them
+    two = snapshot(_two_types(), PERF, [pending("a", 100, gpus=2), pending("b", 200, gpus=2)])
+    placed = {s.job_id: s.gpu_ids for s in Auto().decide(two).starts}
+    assert sorted(placed.values()) == [(0, 1), (2, 3)]
+
+
+def test_a_start_whose_memory_does_not_fit_the_faster_type_keeps_the_slower_one() -> None:
+    # 1,000 MiB a GPU at its batch of 32, 177 MiB with the most accumulation (a sample
+    # a step): the V100s here hold 100
+    snap = snapshot(_two_types(fast_mem_mb=100), PERF, [pending("a", 100)])
+    (start,) = Auto().decide(snap).starts
+    assert start.gpu_ids[0] < 2
+
+
+def test_a_start_keeps_its_gpus_on_a_cluster_of_one_type() -> None:
+    snap = snapshot(cluster(2, 2), PERF, [pending("a", 100), pending("b", 50, gpus=2)])
+    assert Auto().decide(snap).starts == Auto(type_aware=False).decide(snap).starts

@@ -50,8 +50,19 @@ combines them; each rule below names where it comes from).
    schedules it. Measured on ``mixed:2000`` (30 % elastic, docs/results.md "auto"),
    resizing under load only added restarts, hence the rule's second half.
 
-Not yet part of ``auto``: Synergy's CPU/memory tuning and a GPU-type-aware placement;
-on a workload that needs them the seed policy does better. Sharing is not combined
+6. **Mixed GPU types: each start on the type where its job gains most** (after Gavel's
+   heterogeneity-aware allocation, greedily, ours). On a cluster of several GPU types,
+   the GPUs of this decision's starts and the idle ones form a pool; the starts, the
+   job that gains most from its fastest type over its slowest first (speeds per model
+   and type from ``libs/core/type_speed.py`` over the policy's estimates), each take
+   the fastest type with room for their gang, on the fewest nodes (the fullest node
+   that fits it, else the nodes with most room first). A start whose memory does not
+   fit a type's GPUs skips that type; where some start finds no room, the decision is
+   left as GENIE placed it. Jobs with tensor or pipeline parallelism, joins and
+   ONES's starts keep their GPUs; running jobs are not moved between types.
+
+Not yet part of ``auto``: Synergy's CPU/memory tuning; on a workload that needs it
+Synergy does better. Sharing is not combined
 with preemption in one decision: a decision that preempts shares nothing.
 """
 
@@ -66,6 +77,7 @@ from gpusched.libs.core.decision import Decision, Preempt, Start
 from gpusched.libs.core.elastic import Elastic
 from gpusched.libs.core.lifecycle import JobState
 from gpusched.libs.core.snapshot import JobView, Snapshot
+from gpusched.libs.core.type_speed import TypeSpeeds
 from gpusched.services.scheduler.policies.asrpt import Asrpt
 from gpusched.services.scheduler.policies.base import Capabilities, QueueSort, queue_in
 from gpusched.services.scheduler.policies.genie import SLACK_ORDER, Genie
@@ -99,10 +111,16 @@ class Auto:
     #: ONES's search over the jobs that declare elastic bounds; False: they run at the
     #: size they asked for, as every other job
     elastic: bool = True
+    #: on a cluster of several GPU types, each start on the type where its job gains
+    #: most (rule 6); False: where GENIE places it
+    type_aware: bool = True
     _genie: Genie = field(default_factory=Genie, compare=False, repr=False)
     _asrpt: Asrpt = field(default_factory=Asrpt, compare=False, repr=False)
     _sharing: SjfBsbf | None = field(default=None, compare=False, repr=False)
     _ones: Ones = field(default_factory=Ones, compare=False, repr=False)
+    _speeds: dict[tuple[int, int], TypeSpeeds] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         if not (self.max_wait_factor > 0 and math.isfinite(self.max_wait_factor)):
@@ -153,6 +171,20 @@ class Auto:
         return can
 
     def decide(self, snapshot: Snapshot) -> Decision:
+        decision = self._decide_types_blind(snapshot)
+        if not (self.type_aware and snapshot.cluster.mixed and decision.starts):
+            return decision
+        return _on_fastest_types(snapshot, decision, self._type_speeds(snapshot))
+
+    def _type_speeds(self, snapshot: Snapshot) -> TypeSpeeds:
+        key = (id(snapshot.cluster), id(snapshot.estimates))
+        found = self._speeds.get(key)
+        if found is None:
+            self._speeds.clear()  # one cluster and model at a time
+            found = self._speeds[key] = TypeSpeeds(snapshot.cluster, snapshot.estimates)
+        return found
+
+    def _decide_types_blind(self, snapshot: Snapshot) -> Decision:
         if not self.elastic or not (
             any(_sized_by_search(j) for j in snapshot.running)
             or any(_sized_by_search(j) for j in snapshot.pending)
@@ -311,6 +343,85 @@ class Auto:
         first = {j.job_id for j in starving}
         rest = [j for j in queue_in(snapshot, SLACK_ORDER) if j.job_id not in first]
         return replace(snapshot, pending=(*starving, *rest), queue_order=SLACK_ORDER.name)
+
+
+def _on_fastest_types(snapshot: Snapshot, decision: Decision, speeds: TypeSpeeds) -> Decision:
+    """``decision`` with its starts moved, within the GPUs they and the idle ones hold,
+    each to the fastest type with room for it, those that gain most first (rule 6)."""
+    cluster = snapshot.cluster
+    movable: list[tuple[Start, JobView]] = []
+    kept: list[Start] = []
+    for start in decision.starts:
+        job = snapshot.job(start.job_id)
+        if (
+            start.shares_with
+            or start.batch_size is not None
+            or job.tensor_parallel > 1
+            or job.pipeline_parallel > 1
+        ):
+            kept.append(start)
+        else:
+            movable.append((start, job))
+    if not movable:
+        return decision
+    held = {g for s in kept for g in s.gpu_ids}
+    pool: dict[int, list[int]] = {}  # node -> its pooled GPUs
+    for start, _ in movable:
+        for gpu in start.gpu_ids:
+            pool.setdefault(cluster.gpu_node[gpu], []).append(gpu)
+    for gpu, residents in enumerate(snapshot.gpu_load):
+        if residents == 0 and gpu not in held:
+            pool.setdefault(cluster.gpu_node[gpu], []).append(gpu)
+    pool = {node: sorted(set(gpus)) for node, gpus in pool.items()}
+    kinds = range(len(cluster.gpu_types))
+    ranked = []
+    for start, job in movable:
+        sub_batch = job.batch_size / (len(start.gpu_ids) * max(1, start.accum_steps))
+        by_kind = {k: speeds.speed(job.model, sub_batch, k) for k in kinds}
+        gain = max(by_kind.values()) / min(by_kind.values())
+        ranked.append((-gain, job.job_id, start, job, sub_batch, by_kind))
+    ranked.sort(key=lambda r: (r[0], r[1]))
+    moved: list[Start] = []
+    for _, _, start, job, sub_batch, by_kind in ranked:
+        memory = snapshot.estimates.gpu_memory_mb(job.model, sub_batch)
+        size = len(start.gpu_ids)
+        taken: list[int] | None = None
+        for kind in sorted(kinds, key=lambda k: (-by_kind[k], k)):
+            nodes = [
+                n for n, gpus in pool.items()
+                if gpus and cluster.node_type[n] == kind
+                and cluster.nodes[n].gpu_mem_mb >= memory
+            ]
+            taken = _fewest_nodes(pool, nodes, size)
+            if taken is not None:
+                break
+        if taken is None:
+            return decision
+        moved.append(replace(start, gpu_ids=tuple(sorted(taken))))
+    order = {s.job_id: i for i, s in enumerate(decision.starts)}
+    starts = sorted((*kept, *moved), key=lambda s: order[s.job_id])
+    return replace(decision, starts=tuple(starts))
+
+
+def _fewest_nodes(pool: dict[int, list[int]], nodes: list[int], size: int) -> list[int] | None:
+    """``size`` GPUs taken out of ``pool`` on ``nodes``: all on the fullest node that
+    fits them, else from the nodes with most room first; None (and nothing taken)
+    where they hold fewer."""
+    if sum(len(pool[n]) for n in nodes) < size:
+        return None
+    fits = [n for n in nodes if len(pool[n]) >= size]
+    if fits:
+        node = min(fits, key=lambda n: (len(pool[n]), n))
+        taken, pool[node] = pool[node][:size], pool[node][size:]
+        return taken
+    taken = []
+    for node in sorted(nodes, key=lambda n: (-len(pool[n]), n)):
+        need = size - len(taken)
+        taken += pool[node][:need]
+        pool[node] = pool[node][need:]
+        if len(taken) == size:
+            break
+    return taken
 
 
 def _sized_by_search(job: JobView) -> bool:
