@@ -8,13 +8,15 @@ from dataclasses import replace
 import pytest
 
 from gpusched.libs.core.cluster import Cluster, Node
+from gpusched.libs.core.decision import decision_problems
 from gpusched.libs.core.elastic import Elastic
+from gpusched.libs.core.perf import CpuMemDemand
 from gpusched.libs.core.snapshot import JobView
 from gpusched.services.scheduler.policies import make_policy
 from gpusched.services.scheduler.policies.auto import Auto
 from gpusched.services.scheduler.policies.genie import Genie
 from gpusched.services.scheduler.policies.ones import Ones
-from gpusched.services.scheduler.simulation.simulator import simulate
+from gpusched.services.scheduler.simulation.simulator import Simulator, simulate
 from tests.builders import TablePerf, cluster, job, pending, running, snapshot
 
 DAY = 24 * 3600.0
@@ -26,7 +28,11 @@ SHARING_PERF = TablePerf(slowdown={("a", "b"): 1.2, ("b", "a"): 2.0})
 def test_with_nobody_past_the_bound_auto_decides_what_genie_decides() -> None:
     jobs = [pending("long", 10 * 3600, queued_since=0), pending("short", 60, queued_since=5)]
     snap = snapshot(cluster(1, 1), PERF, jobs, now=DAY)
-    assert Auto().decide(snap).starts == Genie().decide(snap).starts
+    # GENIE's starts, with the CPUs and memory of rule 7 added
+    assert Auto(tune_cpu_mem=False).decide(snap).starts == Genie().decide(snap).starts
+    assert [(s.job_id, s.gpu_ids) for s in Auto().decide(snap).starts] == [
+        (s.job_id, s.gpu_ids) for s in Genie().decide(snap).starts
+    ]
     (start,) = Auto().decide(snap).starts
     assert start.job_id == "short"  # shortest predicted run time first
 
@@ -187,7 +193,7 @@ def _two_types(fast_mem_mb: int = 10_000) -> Cluster:
 
 def test_on_mixed_gpu_types_a_start_goes_to_the_fastest_type_with_room() -> None:
     snap = snapshot(_two_types(), PERF, [pending("a", 100)])
-    (blind,) = Auto(type_aware=False).decide(snap).starts
+    (blind,) = Auto(type_aware=False, tune_cpu_mem=False).decide(snap).starts
     assert blind == Genie().decide(snap).starts[0] and blind.gpu_ids[0] < 2  # the K80s
     (start,) = Auto().decide(snap).starts
     assert start.gpu_ids[0] in (2, 3)  # a V100
@@ -208,3 +214,60 @@ def test_a_start_whose_memory_does_not_fit_the_faster_type_keeps_the_slower_one(
 def test_a_start_keeps_its_gpus_on_a_cluster_of_one_type() -> None:
     snap = snapshot(cluster(2, 2), PERF, [pending("a", 100), pending("b", 50, gpus=2)])
     assert Auto().decide(snap).starts == Auto(type_aware=False).decide(snap).starts
+
+
+HUNGRY = TablePerf(demand={"a": CpuMemDemand(10.0, 100.0, 1.5)})
+
+
+def test_a_start_gets_its_models_best_case_cpus_and_memory_where_the_node_has_room() -> None:
+    # 24 CPUs and 500 GB for 4 GPUs: the share of one GPU is 6 CPUs and 125 GB
+    node = cluster(1, 4, cpus=24, host_mem_gb=500)
+    (start,) = Auto().decide(snapshot(node, HUNGRY, [pending("a", 100)])).starts
+    assert (start.cpus, start.mem_gb) == (10.0, 100.0)
+    # b's model gains nothing past 3 CPUs and 62.5 GB: it takes those, less than its share
+    (small,) = Auto().decide(snapshot(node, HUNGRY, [pending("b", 100, model="b")])).starts
+    assert (small.cpus, small.mem_gb) == (3.0, 62.5)
+    assert Auto(tune_cpu_mem=False).decide(snapshot(node, HUNGRY, [pending("a", 100)])).starts[
+        0
+    ].cpus is None
+
+
+def test_a_running_job_above_its_share_drops_to_it_when_a_start_needs_the_room() -> None:
+    node = cluster(1, 4, cpus=24, host_mem_gb=500)
+    # r holds 20 CPUs on 3 GPUs (its share: 18); a new 1-GPU job needs its share of 6
+    held = running("r", 5, (0, 1, 2), model="b", cpus=20.0, mem_gb=300.0)
+    decision = Auto(preempt=False).decide(snapshot(node, HUNGRY, [pending("a", 100)], [held]))
+    (lowered,) = decision.reallocations
+    # at most its share in each dimension: its memory (300 GB, share 375) stays
+    assert (lowered.job_id, lowered.cpus, lowered.mem_gb) == ("r", 18.0, 300.0)
+    # 18 + a's best case of 10 = 28 > 24: a keeps its share (6 CPUs)
+    (start,) = decision.starts
+    assert start.gpu_ids == (3,) and start.cpus is None
+
+
+def test_a_simulation_trains_a_progress_predictor_for_auto_only_when_some_job_is_elastic() -> (
+    None
+):
+    rigid = [job("a"), job("b", submit=5.0)]
+    elastic = [*rigid, replace(job("c", submit=9.0), min_gpus=1)]
+    cl = cluster(1, 2)
+    assert Simulator(cl, rigid, Auto(), PERF)._progress is None
+    assert Simulator(cl, elastic, Auto(), PERF)._progress is not None
+    assert Simulator(cl, rigid, Ones(), PERF)._progress is not None  # it sizes every job
+
+
+def test_a_start_on_the_gpu_of_a_victim_with_its_own_allocation_is_counted_at_its_share() -> (
+    None
+):
+    # 2 GPUs, 8 CPUs: a share of 4. r (long, 4 CPUs of its own) gives way to two short
+    # jobs; a's best case (10, capped to 8) does not fit beside the other start's share
+    node = cluster(1, 2, cpus=8, host_mem_gb=500)
+    victim = running("r", 5000, (0,), model="b", cpus=4.0, mem_gb=100.0)
+    snap = snapshot(node, HUNGRY, [pending("a", 10), pending("c", 20, model="b")], [victim])
+    decision = Auto().decide(snap)
+    assert [p.job_id for p in decision.preemptions] == ["r"]
+    assert {s.job_id for s in decision.starts} == {"a", "c"}
+    assert decision_problems(snap, decision) == []
+    by_id = {s.job_id: s for s in decision.starts}
+    assert by_id["a"].cpus is None  # its share: 4 + c's best case of 3 fit in 8
+    assert by_id["c"].cpus == 3.0
