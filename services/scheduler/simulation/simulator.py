@@ -126,6 +126,10 @@ class Simulator:
         self._progress = (
             ProgressPredictor(seed=capabilities.progress_seed)
             if capabilities.predicts_progress
+            and (
+                not capabilities.progress_of_elastic_only
+                or any(job.elastic is not None for job in jobs)
+            )
             else None
         )
         kind = self.config.predictor
