@@ -127,7 +127,7 @@ class Simulator:
             ProgressPredictor(seed=capabilities.progress_seed)
             if capabilities.predicts_progress
             and (
-                not capabilities.progress_of_elastic_only
+                not capabilities.sizes_only_elastic
                 or any(job.elastic is not None for job in jobs)
             )
             else None
