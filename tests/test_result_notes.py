@@ -4,6 +4,7 @@ worked out from the run, in the printed table, summary.json and report.html."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -113,6 +114,20 @@ def test_ones_and_the_preemptive_policies_say_when_they_never_resized_or_preempt
     assert [n.split(":")[0] for n in notes] == ["ones", "srtf", "tiresias", "asrpt"]
     busy = [_result("ones", resizes=2), _result("srtf", finish=4_000.0, preemptions=3)]
     assert result_notes(busy) == []
+
+
+def test_auto_says_its_elastic_search_never_ran_when_no_job_declares_bounds():
+    truth, _ = build_models(None)
+    rigid = _jobs(truth, build_cluster("1x4", None), ["bert", "resnet18"])
+    facts = WorkloadFacts.of(rigid, truth)
+    assert facts.elastic == 0
+    notes = result_notes([_result("auto", finish=3_600.0)], facts)
+    assert "auto: no job declares elastic bounds, so its elastic search never ran." in notes
+    assert not any("resized no running job" in n for n in notes)
+    elastic = [replace(rigid[0], min_gpus=1), *rigid[1:]]
+    assert WorkloadFacts.of(elastic, truth).elastic == 1
+    notes = result_notes([_result("auto", finish=3_600.0)], WorkloadFacts.of(elastic, truth))
+    assert "auto: resized no running job; its search only placed new ones." in notes
 
 
 def test_only_policies_with_the_same_start_and_finish_for_every_job_are_called_the_same():

@@ -185,7 +185,7 @@ class Auto:
                 resizes=True,
                 predicts_progress=True,
                 progress_seed=ones.progress_seed,
-                progress_of_elastic_only=True,
+                sizes_only_elastic=True,
             )
         if self.preempt:
             # the driver keeps the queue in A-SRPT's rank too (Snapshot.orders)

@@ -47,10 +47,10 @@ class Capabilities:
     #: ``progress_seed``, the live scheduler asks the predictor service
     predicts_progress: bool = False
     progress_seed: int = 0
-    #: the predicted progress matters only to jobs that declare elastic bounds: a
-    #: simulator whose trace has none trains no progress predictor (it costs a torch
-    #: model trained at every finish)
-    progress_of_elastic_only: bool = False
+    #: its resizes and its predicted progress are only for jobs that declare elastic
+    #: bounds (``auto``): a simulator whose trace has none trains no progress predictor
+    #: (a torch model trained at every finish), and the notes say why nothing was resized
+    sizes_only_elastic: bool = False
     #: orders a tenant's jobs by their priority (``by_priority``); False: a job with a
     #: priority is refused rather than silently ignored
     honours_priority: bool = True

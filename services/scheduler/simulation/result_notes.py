@@ -33,12 +33,15 @@ class WorkloadFacts:
     #: jobs whose model runs faster with more CPU and memory than its GPU-proportional
     #: share (Synergy's best case above 1)
     cpu_mem_sensitive: int
+    #: jobs that declare elastic bounds (``JobSpec.elastic``)
+    elastic: int = 0
 
     @classmethod
     def of(cls, jobs: Sequence[JobSpec], truth: PerformanceModel) -> WorkloadFacts:
         speedups = {model: truth.cpu_mem_demand(model).speedup for model in {j.model for j in jobs}}
         sensitive = sum(1 for job in jobs if speedups[job.model] > SENSITIVE_SPEEDUP)
-        return cls(jobs=len(jobs), cpu_mem_sensitive=sensitive)
+        elastic = sum(1 for job in jobs if job.elastic is not None)
+        return cls(jobs=len(jobs), cpu_mem_sensitive=sensitive, elastic=elastic)
 
 
 def result_notes(results: Sequence[SimResult], facts: WorkloadFacts | None = None) -> list[str]:
@@ -76,7 +79,11 @@ def _idle_feature(result: SimResult, facts: WorkloadFacts | None) -> list[str]:
             f"{name}: no job's model runs faster with more CPU or memory than its "
             "GPU-proportional share, so it gave every job that share."
         )
-    if can.resizes and result.resizes == 0:
+    if can.sizes_only_elastic and facts is not None and facts.elastic == 0:
+        notes.append(
+            f"{name}: no job declares elastic bounds, so its elastic search never ran."
+        )
+    elif can.resizes and result.resizes == 0:
         notes.append(f"{name}: resized no running job; its search only placed new ones.")
     return notes
 
