@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpusched.libs.core.cluster import Cluster, Node
 from gpusched.libs.core.decision import decision_problems
@@ -16,8 +18,9 @@ from gpusched.services.scheduler.policies import make_policy
 from gpusched.services.scheduler.policies.auto import Auto
 from gpusched.services.scheduler.policies.genie import Genie
 from gpusched.services.scheduler.policies.ones import Ones
-from gpusched.services.scheduler.simulation.simulator import Simulator, simulate
+from gpusched.services.scheduler.simulation.simulator import SimConfig, Simulator, simulate
 from tests.builders import TablePerf, cluster, job, pending, running, snapshot
+from tests.test_invariants import job_strategy, trace_of
 
 DAY = 24 * 3600.0
 PERF = TablePerf()
@@ -271,3 +274,31 @@ def test_a_start_on_the_gpu_of_a_victim_with_its_own_allocation_is_counted_at_it
     by_id = {s.job_id: s for s in decision.starts}
     assert by_id["a"].cpus is None  # its share: 4 + c's best case of 3 fit in 8
     assert by_id["c"].cpus == 3.0
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(job_strategy, min_size=2, max_size=16))
+def test_auto_never_overcommits_a_nodes_cpus_or_memory_with_hungry_and_elastic_jobs(rows):
+    # 16 CPUs and 250 GB for 4 GPUs (shares of 4 and 62.5); model a wants 9 and 80 a GPU,
+    # so its best case leaves others less than their share unless someone gives way
+    hungry = TablePerf(
+        iter_s={"a": 1.0, "b": 1.0, "c": 2.0}, demand={"a": CpuMemDemand(9.0, 80.0, 1.5)}
+    )
+    cl = cluster(2, 4, gpu_mem_mb=16_000, cpus=16, host_mem_gb=250)
+    # the simulator checks every decision and raises PolicyViolation on an overcommit
+    result = simulate(cl, trace_of(rows), Auto(), hungry, config=SimConfig(restart_overhead_s=5))
+    assert all(o.state in ("finished", "unschedulable") for o in result.jobs)
+
+
+def test_an_elastic_job_grown_onto_a_node_makes_a_job_above_its_share_drop_to_it_first() -> (
+    None
+):
+    # one node of 4 GPUs, 16 CPUs (a share of 4): h takes its best case of 9 CPUs; e
+    # (elastic, on 1 GPU) is grown to 2 GPUs by the search, whose share (8) fits only
+    # once h drops to its share: the drop is applied before the resize
+    hungry = TablePerf(iter_s={"a": 1.0, "b": 1.0}, demand={"a": CpuMemDemand(9.0, 80.0, 1.5)})
+    trace = [job("h", 0.0, 2000, model="a"), replace(job("e", 1.0, 1000, model="b"), min_gpus=1)]
+    cl = cluster(1, 4, gpu_mem_mb=16_000, cpus=16, host_mem_gb=250)
+    result = simulate(cl, trace, Auto(), hungry, config=SimConfig(restart_overhead_s=5))
+    assert result.resizes == 1
+    assert [(o.job_id, o.state) for o in result.jobs] == [("h", "finished"), ("e", "finished")]

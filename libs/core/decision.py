@@ -86,12 +86,13 @@ class Decision:
 
     def in_order(self) -> Iterator[Preempt | Resize | Reallocate | Start]:
         """The decision's changes in the one order every driver applies them: what frees
-        GPUs first (preemptions, then resizes, which may shrink), then the CPU/memory
-        reallocations (a victim dropping to its fair share makes the room a start is
-        given), then the starts. ``decision_problems`` checks in this order too."""
+        GPUs first (preemptions), then the CPU/memory reallocations (a job dropping to
+        its fair share makes the room a resize or a start is given), then the resizes
+        (which may shrink) and the starts. ``decision_problems`` checks in this order
+        too."""
         yield from self.preemptions
-        yield from self.resizes
         yield from self.reallocations
+        yield from self.resizes
         yield from self.starts
 
     def apply(
@@ -411,9 +412,9 @@ def decision_problems(
     snapshot: Snapshot, decision: Decision, memory: PerformanceModel | None = None
 ) -> list[str]:
     """Why ``decision`` cannot be applied to the cluster ``snapshot`` shows; empty when it
-    can. Actions are taken in the order the drivers apply them (preemptions, resizes,
-    reallocations, starts), each against the GPUs, CPUs and memory the earlier ones left,
-    so a preempted job may start again and two starts may not book one GPU beyond
+    can. Actions are taken in the order the drivers apply them (preemptions,
+    reallocations, resizes, starts), each against the GPUs, CPUs and memory the earlier
+    ones left, so a preempted job may start again and two starts may not book one GPU beyond
     ``snapshot.max_jobs_per_gpu``. A
     resize is a release and a start with the new shape. A job that forbids sharing must
     be alone on its GPUs, and no GPU may hold more memory than it has, as ``memory``
@@ -432,12 +433,12 @@ def decision_problems(
     problems: list[str] = []
     for preempt in decision.preemptions:
         problems.extend(booking.preempt(preempt))
+    # a reallocation that fits before the resizes and starts is taken first (a job
+    # dropping to its fair share makes the room a resize or a start is given); one that
+    # fits only once they are in (rare) is tried again after them
+    later = [r for r in decision.reallocations if booking.reallocate(r)]
     for resize in decision.resizes:
         problems.extend(booking.resize(resize))
-    # a reallocation that fits before the starts is taken first (a victim dropping to
-    # its fair share makes the room a start is given); one that fits only once the
-    # starts are in (rare) is tried again after them
-    later = [r for r in decision.reallocations if booking.reallocate(r)]
     for start in decision.starts:
         problems.extend(booking.start(start))
     for reallocate in later:

@@ -66,7 +66,8 @@ combines them; each rule below names where it comes from).
    nodes' CPUs and memory, every start is first counted at its GPU-proportional share;
    where that overcommits a node (running jobs hold more than their share), running
    jobs there with an allocation of their own drop to their share, most CPUs per GPU
-   first, until it fits. Then each start on one node, in the decision's order, gets its
+   first, until it fits (so too where ONES resizes a job onto a node). Then each start
+   on one node, in the decision's order, gets its
    model's best-case vector (capped to the node) where the node has room for it; else
    it keeps its share. A model that gains nothing from more than its share so takes
    less (its best case), which leaves room for one that gains: on Synergy's workload
@@ -106,8 +107,10 @@ AUTO_SHARING_CAPABILITIES = replace(AUTO_CAPABILITIES, shares_gpus=True)
 
 @dataclass(frozen=True)
 class Auto:
-    """GENIE's order, admission and placement over time, a bound on being passed over,
-    and SJF-BSBF's sharing for the jobs left waiting (see the module)."""
+    """The default, ours: GENIE's order, admission and placement over time, A-SRPT's
+    preemptions, a bound on being passed over, ONES's search for elastic jobs, each
+    start on its fastest GPU type, Synergy's CPU and memory, and SJF-BSBF's sharing
+    with a cap (see the module)."""
 
     name: str = "auto"
     #: a job waiting longer than this many times its predicted run time (and at least
@@ -196,7 +199,7 @@ class Auto:
         decision = self._decide_types_blind(snapshot)
         if self.type_aware and snapshot.cluster.mixed and decision.starts:
             decision = _on_fastest_types(snapshot, decision, self._type_speeds(snapshot))
-        if self.tune_cpu_mem and snapshot.node_cpus_used and decision.starts:
+        if self.tune_cpu_mem and snapshot.node_cpus_used and (decision.starts or decision.resizes):
             decision = _tuned(snapshot, decision)
         return decision
 
@@ -467,7 +470,11 @@ def _tuned(snapshot: Snapshot, decision: Decision) -> Decision:
             host.add(start.gpu_ids, start.cpus, start.mem_gb, 1)
     gone_or_moved = {p.job_id for p in decision.preemptions} | {r.job_id for r in decision.resizes}
     lowered: dict[str, Reallocate] = {}
-    touched = {cluster.gpu_node[g] for s in decision.starts for g in s.gpu_ids}
+    # a resize takes its new GPUs' share as a start does (ONES sizes by GPUs alone)
+    touched = {
+        cluster.gpu_node[g] for change in (*decision.starts, *decision.resizes)
+        for g in change.gpu_ids
+    }
     for node in sorted(touched):
         if not _over(host, cluster, node):
             continue
