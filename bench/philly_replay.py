@@ -7,6 +7,11 @@ holding traces/philly/philly.csv (see docs/trace-format.md).
     python bench/philly_replay.py --data-dir ../shared/data [--policy sjf-bsbf ...]
         [--resident-cap 1.5 ...]
 
+``x ref`` is jobs/s over the reference simulator's (``--reference-jobs-per-s``, default
+27.5: the Alibaba v2020 simulator replaying the first 2,000 Philly jobs on this 2-core
+machine). The reference is not run here (it is not part of this tree): the figure is
+read, so compare it with runs whose machine_speed_s is alike.
+
 ``--resident-cap X`` adds a run of SJF-BSBF that also refuses partners it would slow by
 more than X (``max_resident_slowdown``), labelled ``bsbf<=X``. ``--workers N`` runs N
 policies at a time (default: the cores; bench/parallel.py); the peak memory is then that
@@ -35,6 +40,9 @@ from gpusched.services.scheduler.policies.sjf_bsbf import SjfBsbf
 from gpusched.services.scheduler.simulation.results import SimResult
 from gpusched.services.scheduler.simulation.runner import ProgressCallback
 from gpusched.services.scheduler.simulation.sweep import SimRun
+
+#: the Alibaba v2020 simulator on the first 2,000 Philly jobs, on this 2-core machine
+REFERENCE_JOBS_PER_S = 27.5
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int)
     parser.add_argument("--resident-cap", type=float, action="append", default=[])
+    parser.add_argument("--reference-jobs-per-s", type=float, default=REFERENCE_JOBS_PER_S)
     add_options(parser)
     args = parser.parse_args()
     trace_path = Path(args.data_dir) / "traces" / "philly" / "philly.csv"
@@ -83,7 +92,8 @@ def main() -> None:
         jobs = jobs[: args.limit]
     print(f"loaded {len(jobs)} jobs in {time.perf_counter() - began:.1f} s; cluster {args.cluster}")
     header = (
-        f"{'policy':<13} {'wall s':>7} {'jobs/s':>8} {'peak RSS MiB':>12} {'avg JCT h':>10} "
+        f"{'policy':<13} {'wall s':>7} {'jobs/s':>8} {'x ref':>6} {'peak RSS MiB':>12} "
+        f"{'avg JCT h':>10} "
         f"{'p50 h':>7} {'p99 h':>8} {'queue h':>8} {'util':>6} {'preempt':>8} {'shared':>7}"
     )
     print(header)
@@ -99,12 +109,14 @@ def main() -> None:
         s = result.summary()
         print(
             f"{run.label:<13} {result.wall_s:>7.1f} {len(jobs) / result.wall_s:>8.0f} "
+            f"{len(jobs) / result.wall_s / args.reference_jobs_per_s:>6.0f} "
             f"{peak / 2**20:>12.0f} {s['avg_jct_s'] / 3600:>10.2f} {s['p50_jct_s'] / 3600:>7.2f} "
             f"{s['p99_jct_s'] / 3600:>8.1f} {s['avg_queue_s'] / 3600:>8.2f} "
             f"{s['gpu_util']:>6.1%} {s['preemptions']:>8} {s['shared_pairs']:>7}",
             flush=True,
         )
     print(f"all {len(runs)} runs: {time.perf_counter() - began:.1f} s wall")
+    print_machine_speed()
 
 
 if __name__ == "__main__":

@@ -22,8 +22,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpusched.libs.core.cluster import Cluster, Node
 from gpusched.libs.core.decision import Decision, Preempt, Start
 from gpusched.libs.core.groundtruth import load_performance_model
+from gpusched.libs.core.jobs import JobSpec
 from gpusched.libs.core.placement import FreeGpus, place_exclusive, unschedulable_reason
 from gpusched.libs.core.shape import JobShape
 from gpusched.libs.core.snapshot import JobView, Snapshot
@@ -36,7 +38,7 @@ from gpusched.services.scheduler.policies.base import (
     busy_reason,
     no_room_reason,
 )
-from gpusched.services.scheduler.policies.preemptive import Srtf, Tiresias
+from gpusched.services.scheduler.policies.preemptive import RunningRanks, Srtf, Tiresias
 from gpusched.services.scheduler.policies.sharing import (
     Pairing,
     ShapeTerms,
@@ -47,7 +49,8 @@ from gpusched.services.scheduler.policies.sharing import (
 )
 from gpusched.services.scheduler.policies.sjf_bsbf import SjfBsbf
 from gpusched.services.scheduler.policies.slots import build_groups
-from gpusched.services.scheduler.simulation.simulator import SimConfig, simulate
+from gpusched.services.scheduler.policies.synergy import SynergyTune
+from gpusched.services.scheduler.simulation.simulator import SimConfig, Simulator, simulate
 from tests.builders import TablePerf, cluster, job, pending, running, snapshot
 
 PERF = TablePerf(
@@ -735,3 +738,69 @@ def test_a_greedy_scan_passing_over_jobs_too_wide_for_the_idle_gpus_reads_as_try
         greedy_exclusive(snap, ordered, backfill=True), _greedy_writing_every_reason(snap, ordered),
         snap,
     )  # fmt: skip
+
+
+def test_kept_ranks_handed_the_same_running_tuple_again_rank_as_anew():
+    """The kept ranking skips its scan when a driver hands it the very tuple of running
+    views it last saw; it must still re-rank the jobs that cross a threshold since, and
+    forget the tuple when time goes back."""
+    tiresias = Tiresias(thresholds_gpu_s=(100.0, 1_000.0))
+    views = (
+        running("r1", 500.0, (0,), attained=90.0, as_of=0.0),
+        running("r2", 500.0, (1, 2), attained=40.0, as_of=0.0),
+        running("r3", 500.0, (3,), attained=950.0, as_of=0.0),
+    )
+
+    def fresh(now: float) -> tuple[list, float]:
+        ranks = RunningRanks(tiresias.thresholds_gpu_s, tiresias._service_as_of)
+        wake = ranks.update(views, now)
+        return list(ranks.ranked), wake
+
+    kept = RunningRanks(tiresias.thresholds_gpu_s, tiresias._service_as_of)
+    for now in (0.0, 5.0, 20.0, 31.0, 60.0, 10.0, 70.0):  # r1, r2 and r3 cross; 10: back
+        wake = kept.update(views, now)
+        assert (list(kept.ranked), wake) == fresh(now), now
+
+
+class FreshTuneBeside(Simulator):
+    """Decides with the kept policy and, on the same snapshot, with a fresh one; counts
+    decisions where the kept one read the running jobs from its last decision."""
+
+    reused = 0
+
+    def _snapshot(self, now: float) -> Snapshot:
+        snap = super()._snapshot(now)
+        policy = self.policy
+        assert isinstance(policy, SynergyTune)
+        kept = policy._vectors.last_running is snap.running
+        got = policy.decide(snap)
+        want = replace(policy, _vectors=type(policy._vectors)()).decide(snap)
+        assert (got.starts, got.preemptions, got.reallocations, got.wake_at) == (
+            want.starts, want.preemptions, want.reallocations, want.wake_at
+        )
+        self.reused += kept
+        return snap
+
+
+@pytest.mark.parametrize("name", ["synergy-fifo", "synergy-las"])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(st.tuples(
+    st.floats(0, 400, allow_nan=False), st.integers(1, 300), st.sampled_from([1, 1, 2, 4, 8]),
+    st.sampled_from(["resnet18", "resnet50", "lm", "transformer", "vgg16"]),
+), min_size=2, max_size=14))
+def test_tune_reading_the_same_running_tuple_again_decides_as_a_fresh_policy(name, rows):
+    """TUNE keeps the running jobs' records and the CPUs and memory they leave free while
+    the driver hands the same running tuple; a decision then equals a fresh policy's."""
+    truth = load_performance_model(None)
+    known = set(truth.models())
+    trace = [
+        JobSpec(f"j{i}", submit, model, gpus, truth.default_batch_size(model) * gpus, iters)
+        for i, (submit, iters, gpus, model) in enumerate(rows)
+        if model in known
+    ]
+    if not trace:
+        return
+    nodes = tuple(Node(f"s{i}", 8, cpus=24, host_mem_gb=500.0) for i in range(2))
+    sim = FreshTuneBeside(Cluster(nodes), trace, make_policy(name), truth,
+                          config=SimConfig(round_s=60.0))
+    sim.run()

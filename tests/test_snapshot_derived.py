@@ -136,3 +136,62 @@ def test_an_idle_cluster_is_the_constructor_with_nothing_running():
     assert idle == Snapshot.of_jobs(3.0, cl, queue, (), PERF)
     assert idle.gpu_load == (0,) * 8 and idle.node_free == (4, 4)
     assert idle.node_cpus_used == (0.0, 0.0) and idle.own_allocations is False
+
+
+class UncachedComparingSimulator(Simulator):
+    """The simulator, checking that every snapshot built from its kept tuples equals the
+    one built with them dropped: a change of the queue, the running views or the GPUs'
+    and nodes' figures that does not drop the tuple it touches shows up here."""
+
+    checked = 0
+
+    def _snapshot(self, now: float) -> Snapshot:
+        kept = super()._snapshot(now)
+        self._pending_tuples = self._running_tuple = self._cluster_tuples = None
+        fresh = super()._snapshot(now)
+        assert kept.pending == fresh.pending
+        assert dict(kept.orders) == dict(fresh.orders)
+        assert kept.running == fresh.running
+        assert kept.running == tuple(self.running.values())
+        assert kept.pending == self.queue.views(self.pending)
+        assert (kept.gpu_load, kept.gpu_mem_used, kept.node_free) == (
+            fresh.gpu_load, fresh.gpu_mem_used, fresh.node_free
+        )
+        assert (kept.node_cpus_used, kept.node_mem_used) == (
+            fresh.node_cpus_used, fresh.node_mem_used
+        )
+        # each running job's kept shape (what its colocation slowdowns are looked up by)
+        for job_id in self.running:
+            job = self.jobs[job_id]
+            assert job.shape == job.spec.shape(job.accum)
+        self.checked += 1
+        return kept
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.lists(job_strategy, min_size=1, max_size=16),
+    nodes=st.integers(1, 3),
+    policy_name=st.sampled_from(sorted(POLICIES)),
+    round_s=st.sampled_from([None, 40.0]),
+)
+def test_the_snapshot_tuples_kept_between_decisions_are_those_built_anew(
+    rows, nodes, policy_name, round_s
+):
+    trace = [
+        JobSpec(
+            job_id=f"j{i}", submit_time=submit, model=model, gpus=gpus,
+            batch_size=max(batch, gpus), iterations=iters, allow_sharing=share,
+            priority=priority if policy_name != "ones" else 0, user=f"u{i % 2}",
+        )
+        for i, (submit, iters, gpus, model, batch, share, priority) in enumerate(rows)
+    ]  # fmt: skip
+    sim = UncachedComparingSimulator(
+        cluster(nodes, 4, gpu_mem_mb=16_000),
+        trace,
+        make_policy(policy_name),
+        PERF,
+        config=SimConfig(restart_overhead_s=5.0, round_s=round_s),
+    )
+    result = sim.run()
+    assert sim.checked == result.decisions

@@ -287,6 +287,9 @@ class RunningRanks:
         self._crossings: list[tuple[float, str, int, JobView]] = []
         self._seq = 0
         self._now = -math.inf
+        #: the running tuple the ranking was last brought to: a driver that hands the
+        #: same tuple again (nothing started, ended or changed speed) skips the scan
+        self._last_running: tuple[JobView, ...] | None = None
 
     def _rank(self, j: JobView, now: float) -> tuple:
         base = self._base_of(j)
@@ -317,17 +320,15 @@ class RunningRanks:
             self._reset()
         self._now = now
         views, keys = self._views, self._keys
-        seen = 0
         fresh: list[JobView] = []
-        for j in running:
-            if views.get(j.job_id) is j:
-                seen += 1
-            else:
-                fresh.append(j)
-        if seen != len(views):  # some are gone
-            for job_id in views.keys() - set(map(_job_id, running)):
-                del views[job_id]
-                self._delete(keys.pop(job_id))
+        if running is not self._last_running:
+            get = views.get
+            fresh = [j for j in running if get(j.job_id) is not j]
+            if len(running) - len(fresh) != len(views):  # some are gone
+                for job_id in views.keys() - set(map(_job_id, running)):
+                    del views[job_id]
+                    self._delete(keys.pop(job_id))
+            self._last_running = running
         for j in fresh:
             old = keys.pop(j.job_id, None)
             if old is not None:

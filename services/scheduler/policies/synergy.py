@@ -111,6 +111,10 @@ class _VectorCache:
         self.capacity: tuple[list[float], list[float]] = ([], [])
         #: all nodes alike (GPUs, CPUs, memory): a job's best case is the same on each
         self.one_shape = False
+        #: the running tuple last read, with its records and what they left free per
+        #: node: a driver that hands the same tuple again changed no running job
+        self.last_running: tuple[JobView, ...] | None = None
+        self.last_read: tuple[list[_Running], tuple[float, ...], tuple[float, ...]] | None = None
 
     def sync(self, snapshot: Snapshot) -> None:
         if self._basis.moved(snapshot):
@@ -118,6 +122,7 @@ class _VectorCache:
             self._fair.clear()
             self._floors.clear()
             self.running.clear()
+            self.last_running = self.last_read = None
             nodes = snapshot.cluster.nodes
             self.capacity = ([float(n.cpus) for n in nodes], [float(n.host_mem_gb) for n in nodes])
             self.one_shape = len({(n.gpus, n.cpus, n.host_mem_gb) for n in nodes}) == 1
@@ -351,6 +356,9 @@ class SynergyTune:
         cluster = snapshot.cluster
         vectors = self._vectors
         vectors.sync(snapshot)
+        if snapshot.running is vectors.last_running and vectors.last_read is not None:
+            kept, free_cpus, free_mem = vectors.last_read
+            return _Cluster(snapshot, kept, list(free_cpus), list(free_mem))
         known = vectors.running
         cpus, mem = (list(c) for c in vectors.capacity)
         records: list[_Running] = []
@@ -363,6 +371,8 @@ class SynergyTune:
                 mem[node] -= m
             records.append(rec)
         vectors.forget_finished(snapshot.running)
+        vectors.last_running = snapshot.running
+        vectors.last_read = (records, tuple(cpus), tuple(mem))
         return _Cluster(snapshot, records, cpus, mem)
 
     def _record(self, snapshot: Snapshot, cluster: Cluster, job: JobView) -> _Running:

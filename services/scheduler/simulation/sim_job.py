@@ -11,6 +11,7 @@ from gpusched.libs.core.convergence import Convergence
 from gpusched.libs.core.jobs import JobSpec
 from gpusched.libs.core.lifecycle import JobState
 from gpusched.libs.core.progress import EpochRecord
+from gpusched.libs.core.shape import JobShape
 from gpusched.libs.core.snapshot import JobView
 
 
@@ -39,6 +40,7 @@ class SimJob:
         "queued_since",
         "remaining",
         "samples_done",
+        "shape",
         "shared",
         "spec",
         "started_at",
@@ -69,6 +71,10 @@ class SimJob:
         self.state = JobState.QUEUED
         self.gpu_ids: tuple[int, ...] = ()
         self.accum = 1
+        #: the spec's shape at ``accum`` while it runs (what colocation slowdowns take),
+        #: set when it starts: a running job's spec and accumulation change only by a
+        #: new start
+        self.shape: JobShape = spec.shape()
         self.mem_mb = 0.0
         #: CPU cores and host memory GB held while running; None: the proportional share
         self.cpus: float | None = None

@@ -55,6 +55,7 @@ from gpusched.services.scheduler.simulation.sim_job import SimJob
 from gpusched.services.scheduler.simulation.type_use import TypeUse
 
 ARRIVAL, FINISH, WAKE, ROUND = 0, 1, 2, 3
+Queue = tuple[JobView, ...]
 #: completion is declared when this few iterations remain, absorbing float rounding
 ITER_EPSILON = 1e-6
 
@@ -119,6 +120,12 @@ class Simulator:
         self.done = 0
         self.last_decision: Decision | None = None
         self.timeline: list[TimelinePoint] = []
+        #: the snapshot's tuples as last built, kept until what they copy changes (most
+        #: decisions follow an arrival, which moves the queue only): the queue and its
+        #: further orders; the running views; the per-GPU, per-node and host figures
+        self._pending_tuples: tuple[tuple[JobView, ...], dict[str, Queue]] | None = None
+        self._running_tuple: tuple[JobView, ...] | None = None
+        self._cluster_tuples: tuple[tuple, ...] | None = None
         self._idle = Snapshot.of_idle_cluster(cluster, self.estimates)
         self._converges = truth if isinstance(truth, ConvergenceSource) else None
         #: a policy that sizes jobs by predicted progress (ONES) gets every converging
@@ -234,12 +241,14 @@ class Simulator:
         return False
 
     def _enqueue(self, view: JobView) -> None:
+        self._pending_tuples = None
         self.pending[view.job_id] = view
         self.queue.add(view)
         for queue in self.extra_queues:
             queue.add(view)
 
     def _dequeue(self, job_id: str) -> None:
+        self._pending_tuples = None
         view = self.pending.pop(job_id)
         self.queue.remove(view)
         for queue in self.extra_queues:
@@ -320,6 +329,7 @@ class Simulator:
                 self._settle(other)
                 other.view = self._view(other)
                 self.running[other.spec.job_id] = other.view
+                self._running_tuple = None
             elif other.spec.job_id in self.pending and other.history:
                 self._dequeue(other.spec.job_id)
                 self._enqueue(self._view(other))
@@ -377,15 +387,12 @@ class Simulator:
         for gpu in job.gpu_ids:
             for other in self.gpu_residents[gpu]:
                 if other is not job:
-                    o = other.spec
-                    slowdown = max(
-                        slowdown,
-                        truth.colocation_slowdown(spec.shape(job.accum), o.shape(other.accum)),
-                    )
+                    slowdown = max(slowdown, truth.colocation_slowdown(job.shape, other.shape))
         job.iter_time = alone * slowdown / job.cpu_mem_speedup
         job.version += 1
         job.view = self._view(job)
         self.running[spec.job_id] = job.view
+        self._running_tuple = None
         finish = self.clock + job.overhead_left + job.remaining * job.iter_time
         self._push(finish, FINISH, spec.job_id, job.version)
 
@@ -426,6 +433,8 @@ class Simulator:
         return self.clock + left > self.clock
 
     def _release(self, job: SimJob) -> list[SimJob]:
+        self._running_tuple = None
+        self._cluster_tuples = None
         partners = self._partners(job)
         self.host.add(job.gpu_ids, job.cpus, job.mem_gb, -1)
         if job.cpus is not None or job.mem_gb is not None:
@@ -451,21 +460,40 @@ class Simulator:
 
     # ---- decisions ------------------------------------------------------------------
     def _snapshot(self, now: float) -> Snapshot:
+        queued = self._pending_tuples
+        if queued is None:
+            queued = self._pending_tuples = (
+                self.queue.views(self.pending),
+                {q.order: q.views(self.pending) for q in self.extra_queues},
+            )
+        running = self._running_tuple
+        if running is None:
+            running = self._running_tuple = tuple(self.running.values())
+        figures = self._cluster_tuples
+        if figures is None:
+            figures = self._cluster_tuples = (
+                tuple(self.gpu_load),
+                tuple(self.gpu_mem_used),
+                tuple(self.node_free),
+                self.host.all_cpus(),
+                self.host.all_mem(),
+            )
+        gpu_load, gpu_mem_used, node_free, node_cpus_used, node_mem_used = figures
         return Snapshot(
             now=now,
             cluster=self.cluster,
-            pending=self.queue.views(self.pending),
-            running=tuple(self.running.values()),
-            gpu_load=tuple(self.gpu_load),
-            gpu_mem_used=tuple(self.gpu_mem_used),
-            node_free=tuple(self.node_free),
-            node_cpus_used=self.host.all_cpus(),
-            node_mem_used=self.host.all_mem(),
+            pending=queued[0],
+            running=running,
+            gpu_load=gpu_load,
+            gpu_mem_used=gpu_mem_used,
+            node_free=node_free,
+            node_cpus_used=node_cpus_used,
+            node_mem_used=node_mem_used,
             own_allocations=self.own_allocations > 0,
             estimates=self.estimates,
             max_jobs_per_gpu=self.config.max_jobs_per_gpu,
             queue_order=self.queue.order,
-            orders={q.order: q.views(self.pending) for q in self.extra_queues},
+            orders=queued[1],
             prioritized=self.prioritized,
             # both dicts stay as they are until the decision is checked and applied
             index=ChainMap(self.running, self.pending),
@@ -550,7 +578,9 @@ class Simulator:
         job.state = JobState.RUNNING
         job.gpu_ids = start.gpu_ids
         job.accum = start.accum_steps
+        job.shape = spec.shape(start.accum_steps)
         job.mem_mb = mem
+        self._cluster_tuples = None
         self.host.add(start.gpu_ids, None, None, +1)
         self._allocate(job, start.cpus, start.mem_gb)
         job.last_settle = self.clock
@@ -588,6 +618,7 @@ class Simulator:
         of its GPUs (exactly 1 for jobs given that share, whatever the cluster)."""
         if cpus is None and mem_gb is None and job.cpus is None and job.mem_gb is None:
             return
+        self._cluster_tuples = None
         self.host.add(job.gpu_ids, job.cpus, job.mem_gb, -1)
         self.host.add(job.gpu_ids, cpus, mem_gb, +1)
         self.own_allocations += (cpus is not None or mem_gb is not None) - (
