@@ -168,6 +168,9 @@ class _Booking:
         #: CPU and host memory per node, built on the first start or reallocation
         self.host: HostUse | None = None
         self._holders: dict[int, int] | None = None
+        #: the snapshot's running jobs by GPU, in the snapshot's order: built on the
+        #: first GPU a start would share, one pass over the running jobs for them all
+        self._snapshot_residents: dict[int, list[str]] | None = None
         if track_host and snapshot.node_cpus_used and snapshot.node_mem_used:
             self.host_use()
 
@@ -253,15 +256,18 @@ class _Booking:
         share (the jobs the decision moved are left out: they are added where placed)."""
         residents = self.residents.get(gpu)
         if residents is None:
-            residents = self.residents[gpu] = (
-                [
-                    view.job_id
-                    for view in self.snapshot.running
-                    if gpu in view.gpu_ids and view.job_id not in self.held
-                ]
-                if self.gpu_load(gpu)
-                else []
-            )
+            if self.gpu_load(gpu):
+                by_gpu = self._snapshot_residents
+                if by_gpu is None:
+                    by_gpu = self._snapshot_residents = {}
+                    for view in self.snapshot.running:
+                        for held_gpu in view.gpu_ids:
+                            by_gpu.setdefault(held_gpu, []).append(view.job_id)
+                held = self.held
+                residents = [job_id for job_id in by_gpu.get(gpu, ()) if job_id not in held]
+            else:
+                residents = []
+            self.residents[gpu] = residents
         return residents
 
     def gpu_load(self, gpu: int) -> int:
