@@ -2,11 +2,14 @@
 
 An individual has one gene per GPU holding the job on it (or none); a job's GPU count is
 how many genes it holds, its global batch the job's base per-GPU batch times that count.
-The population (16) lives on the policy object and advances one generation per decision:
-8 uniform per-GPU crossovers of uniformly picked parents, one mutant per parent that drops
-each changeable job with probability 0.3, every candidate repaired (sizes onto the
-doubling ladder, padded in two passes, laid out contiguously with few moves), and the
-best 16 of the 48 kept. The best individual is applied.
+The population (16) lives on the policy object and advances one generation at a
+decision, at most once per search interval of simulated time (``search_interval_s``;
+by default 1 s per GPU of the cluster): 8 uniform per-GPU crossovers of uniformly picked
+parents, one mutant per parent that drops each changeable job with probability 0.3,
+every candidate repaired (sizes onto the doubling ladder, padded in two passes, laid out
+contiguously with few moves), and the best 16 of the 48 kept. The best individual is
+applied. A decision between generations pads the kept best individual as it was carried
+out: new jobs onto idle GPUs, idle GPUs left to the running jobs in padding order.
 
 Priorities cannot be honoured here (our choice): the search re-plans every job's size
 each generation, so there is no queue order whose places a tenant's priorities could
@@ -85,8 +88,25 @@ Where this differs from the method's description (DESIGN.md section 5, ONES), an
   restart in the fitness like a resize (ours: before, the grown job shrank back, and
   on the Pollux workload-6 three imagenet jobs held 16 GPUs each for some 20,000 s
   beside 16 idle ones; mean of workloads 1-8 2,451 -> 2,420 s).
+- Cadence. ONES runs a generation about once a second of wall time, whatever happens;
+  the method's description has one at every scheduling step. Here a generation runs
+  at a decision (an event, or a wake-up the policy asks for), at most once per
+  ``search_interval_s`` of simulated time; a decision in between only pads the kept
+  best individual (``_pad``): the queued jobs the search sees go onto idle GPUs at
+  their start size, shortest predicted remaining time on one GPU first, then idle
+  GPUs left go to the running jobs past their gate in the same order, up to the GPUs
+  they asked for and then up to their cap where growing saves more than the restart
+  (repair's two passes); nothing is shrunk, moved or preempted until the next
+  generation, and the kept best individual takes the new places. Why: at Philly's
+  scale (64 x 8 GPUs, 82,247 jobs, two or more events a job) a generation at every
+  event took hours; a wall-clock second means nothing in a simulation, so the
+  interval is simulated time, and by default 1 s per GPU of the cluster (64 s on the
+  Pollux workloads' 16 x 4, 512 s on Philly's 64 x 8), since a generation's cost grows
+  with the genes. ``search_interval_s=0`` is a generation at every decision, the
+  decisions as before the interval existed. docs/results.md, "ONES's search interval",
+  measures it.
 - The simulator decides only at events, so while jobs run or wait the policy asks to be
-  woken every ``min_run_s`` seconds.
+  woken every ``min_run_s`` seconds, and no earlier than the next generation may run.
 - A job that declares elastic bounds (``JobView.elastic``, ours) is sized only within
   them: its ladder of GPU counts is moved into ``min_gpus``..``max_gpus`` (a new job
   starts on ``min_gpus``), a declared ``max_gpus`` replaces the cap of 4x the GPUs it
@@ -121,8 +141,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from gpusched.libs.core.decision import Decision
+from gpusched.libs.core.decision import Decision, Resize, Start
 from gpusched.libs.core.placement import (
+    TAKEN,
     ContiguousGpus,
     exclusive_accum,
     unschedulable_reason,
@@ -137,8 +158,9 @@ from gpusched.services.scheduler.policies.ones_jobs import (
     largest_useful_batch,
     samples_at,
     within_batch_bounds,
+    worth_growing,
 )
-from gpusched.services.scheduler.policies.ones_moves import decision_of
+from gpusched.services.scheduler.policies.ones_moves import decision_of, resize_to
 from gpusched.services.scheduler.policies.ones_problem import NONE, SearchProblem
 from gpusched.services.scheduler.policies.simple import FIFO_ORDER, fifo_key
 
@@ -154,6 +176,10 @@ QUIET_GENERATIONS = 3
 MAX_BACKOFF = 64
 #: how often repair is repeated to reach a schedule it leaves as it is
 REPAIR_ROUNDS = 4
+#: ``Ones.search_s_per_gpu`` unless given (docs/results.md, "ONES's search interval")
+SEARCH_S_PER_GPU = 1.0
+
+
 @dataclass
 class Ones:
     """Online evolutionary search over GPU counts (see the module docstring)."""
@@ -176,6 +202,28 @@ class Ones:
     #: choose the batch at each GPU count by predicted remaining time where the model's
     #: convergence curve is known (ours; False: ONES's per-GPU batch, see the docstring)
     batch_search: bool = True
+    #: simulated seconds from one generation of the search to the next at the least
+    #: (0: a generation at every decision; None: ``search_s_per_gpu`` x the cluster's
+    #: GPUs); a decision in between pads the kept best individual instead (``_pad``: new
+    #: jobs onto idle GPUs, idle GPUs to the running jobs in padding order)
+    search_interval_s: float | None = None
+    #: the interval per GPU of the cluster where ``search_interval_s`` is None: a
+    #: generation costs about in proportion to the GPUs (one gene each), so the search
+    #: costs about the same wall time per simulated second on any cluster
+    search_s_per_gpu: float = SEARCH_S_PER_GPU
+    #: this decision's ``interval_s``
+    _interval: float = field(default=0.0, init=False, repr=False)
+    #: generations run so far
+    generations: int = field(default=0, init=False, repr=False)
+    #: when the last generation ran (None: none yet)
+    _last_search: float | None = field(default=None, init=False, repr=False)
+    #: the wake-up the last decision that could run a generation asked for
+    _next_wake: float | None = field(default=None, init=False, repr=False)
+    #: running jobs as padding sees them, by (id, GPUs, batch, start, kind), kept from
+    #: one generation to the next: their costs age by at most one interval
+    _padding_jobs: dict[tuple[str, int, int, float, str], SearchJob] = field(
+        default_factory=dict, init=False, repr=False
+    )
     _rng: np.random.Generator = field(init=False, repr=False)
     #: generations in a row that changed nothing (see ``_wake_at``)
     _quiet: int = field(default=0, repr=False)
@@ -203,6 +251,10 @@ class Ones:
             raise ValueError(f"queue_margin must be at least 0, got {self.queue_margin}")
         if not (self.restart_s >= 0 and math.isfinite(self.restart_s)):
             raise ValueError(f"restart_s must be a finite number >= 0, got {self.restart_s!r}")
+        for name in ("search_interval_s", "search_s_per_gpu"):
+            value = getattr(self, name)
+            if value is not None and not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
         self._rng = np.random.default_rng(self.seed)
 
     @property
@@ -225,6 +277,10 @@ class Ones:
             queue_margin=self.queue_margin,
             start_on_one_gpu=self.start_on_one_gpu,
             batch_search=self.batch_search,
+            search_interval_s=(
+                None if self.search_interval_s is None else self.search_interval_s * time_scale
+            ),
+            search_s_per_gpu=self.search_s_per_gpu * time_scale,
         )
 
     def asked_gpus(self, view: JobView) -> int:
@@ -275,13 +331,7 @@ class Ones:
         return seen, False
 
     def _jobs(self, snapshot: Snapshot) -> tuple[list[SearchJob], dict[str, str], bool]:
-        total = snapshot.cluster.total_gpus
-        now = snapshot.now
-        if self._basis.moved(snapshot):
-            self._shape_cache.clear()
-            self._unschedulable.clear()
-            self._largest_batch.clear()
-            self._curves.clear()
+        self._check_basis(snapshot)
         if len(self._asked) > 2 * (len(snapshot.running) + len(snapshot.pending)) + 64:
             present = {v.job_id for v in (*snapshot.running, *snapshot.pending)}
             self._asked = {j: asked for j, asked in self._asked.items() if j in present}
@@ -289,96 +339,114 @@ class Ones:
         reasons: dict[str, str] = {}
         pending, behind = self._window(snapshot, reasons)
         for view in (*sorted(snapshot.running, key=lambda v: v.job_id), *pending):
-            asked_gpus, asked_batch = self._asked.setdefault(
-                view.job_id, (view.gpus, view.batch_size)
-            )
-            base = max(1, asked_batch // asked_gpus)
-            if view.model not in self._largest_batch:
-                self._largest_batch[view.model] = largest_useful_batch(snapshot, view.model)
-            largest = max(asked_batch, self._largest_batch[view.model])
-
-            def batch_at(
-                n: int,
-                asked_gpus: int = asked_gpus,
-                asked_batch: int = asked_batch,
-                base: int = base,
-                largest: int = largest,
-            ) -> int:
-                # past the largest useful batch the global batch is held and the
-                # per-GPU batch shrinks, as past ONES's max_lr
-                return asked_batch if n == asked_gpus else max(n, min(base * n, largest))
-
-            _, iter_now = self._shape(snapshot, view, view.batch_size, view.gpus)
-            remaining_iters = view.remaining_s(now) / iter_now if iter_now > 0 else 0.0
-            samples = remaining_iters * view.batch_size
-            curve = curve_of(snapshot, view.model)
-            bounds = view.elastic
-            if not view.running:
-                kind = "new"
-                # a new job starts on one GPU, a preempted one at half its last size (or,
-                # unless ``start_on_one_gpu``, on more, doubling, up to what it asked for)
-                ladder = [doubling_floor(max(1, view.gpus // 2)) if view.preemptions else 1]
-                while not self.start_on_one_gpu and ladder[-1] * 2 <= min(total, asked_gpus):
-                    ladder.append(ladder[-1] * 2)
-            elif now - view.started_at < self.settling_s(view):
-                kind = "frozen"
-                ladder = [view.gpus]
-            else:
-                kind = "running"
-                # a declared max_gpus replaces ONES's cap of 4x the GPUs asked for
-                cap = GROWTH_LIMIT * asked_gpus
-                if bounds is not None and bounds.max_gpus is not None:
-                    cap = bounds.max_gpus
-                limit = min(total, cap, 2 * view.gpus)
-                ladder = []
-                n = 1
-                while n <= limit:
-                    ladder.append(n)
-                    n *= 2
-                if view.gpus not in ladder:
-                    ladder.append(view.gpus)
-                    ladder.sort()
-            if bounds is not None:
-                ladder = sorted({bounds.gpus_within(n) for n in ladder})
-            cost: dict[int, tuple[float, int, int]] = {}
-            for n in ladder:
-                if n == view.gpus and view.running:
-                    choices = [view.batch_size]
-                elif self.batch_search and curve is not None:
-                    choices = batch_choices(batch_at(n), base, n, largest)
-                else:
-                    choices = [batch_at(n)]
-                if bounds is not None and not (n == view.gpus and view.running):
-                    choices = within_batch_bounds(choices, bounds, n)
-                best: tuple[float, int, int] | None = None
-                for batch in choices:
-                    accum, iter_s = self._shape(snapshot, view, batch, n)
-                    if accum is None and not (kind == "frozen" or n == view.gpus):
-                        continue
-                    # samples / (batch / iter_s): remaining seconds at n GPUs, with the
-                    # samples left at this batch where the convergence curve is known
-                    left = (
-                        samples
-                        if curve is None
-                        else samples_at(self._curves, curve, view, samples, batch)
-                    )
-                    found = (left * iter_s / batch, accum or view.accum_steps, batch)
-                    if best is None or found[0] < best[0]:
-                        best = found
-                if best is not None:
-                    cost[n] = best
-            sizes = sorted(cost)
-            if not sizes:
-                reasons[view.job_id] = "no GPU count fits its per-GPU batch in GPU memory"
-                continue
-            _, one_iter = self._shape(snapshot, view, base, 1)
-            jobs.append(
-                SearchJob(
-                    view, asked_gpus, asked_batch, kind, sizes, cost, samples * one_iter / base
-                )
-            )
+            found = self._search_job(snapshot, view, reasons)
+            if found is not None:
+                jobs.append(found)
         self._scale_down(snapshot, jobs)
         return jobs, reasons, behind
+
+    def _check_basis(self, snapshot: Snapshot) -> None:
+        """Forget every per-shape answer once the estimates or the cluster change."""
+        if self._basis.moved(snapshot):
+            self._shape_cache.clear()
+            self._unschedulable.clear()
+            self._largest_batch.clear()
+            self._curves.clear()
+            self._padding_jobs.clear()
+
+    def _search_job(
+        self, snapshot: Snapshot, view: JobView, reasons: dict[str, str]
+    ) -> SearchJob | None:
+        """``view``'s job as this decision's search sees it: its kind, the GPU counts it
+        may hold and what each costs (None, with its reason, where no count fits)."""
+        total = snapshot.cluster.total_gpus
+        now = snapshot.now
+        asked_gpus, asked_batch = self._asked.setdefault(
+            view.job_id, (view.gpus, view.batch_size)
+        )
+        base = max(1, asked_batch // asked_gpus)
+        if view.model not in self._largest_batch:
+            self._largest_batch[view.model] = largest_useful_batch(snapshot, view.model)
+        largest = max(asked_batch, self._largest_batch[view.model])
+
+        def batch_at(
+            n: int,
+            asked_gpus: int = asked_gpus,
+            asked_batch: int = asked_batch,
+            base: int = base,
+            largest: int = largest,
+        ) -> int:
+            # past the largest useful batch the global batch is held and the
+            # per-GPU batch shrinks, as past ONES's max_lr
+            return asked_batch if n == asked_gpus else max(n, min(base * n, largest))
+
+        _, iter_now = self._shape(snapshot, view, view.batch_size, view.gpus)
+        remaining_iters = view.remaining_s(now) / iter_now if iter_now > 0 else 0.0
+        samples = remaining_iters * view.batch_size
+        curve = curve_of(snapshot, view.model)
+        bounds = view.elastic
+        if not view.running:
+            kind = "new"
+            # a new job starts on one GPU, a preempted one at half its last size (or,
+            # unless ``start_on_one_gpu``, on more, doubling, up to what it asked for)
+            ladder = [doubling_floor(max(1, view.gpus // 2)) if view.preemptions else 1]
+            while not self.start_on_one_gpu and ladder[-1] * 2 <= min(total, asked_gpus):
+                ladder.append(ladder[-1] * 2)
+        elif now - view.started_at < self.settling_s(view):
+            kind = "frozen"
+            ladder = [view.gpus]
+        else:
+            kind = "running"
+            # a declared max_gpus replaces ONES's cap of 4x the GPUs asked for
+            cap = GROWTH_LIMIT * asked_gpus
+            if bounds is not None and bounds.max_gpus is not None:
+                cap = bounds.max_gpus
+            limit = min(total, cap, 2 * view.gpus)
+            ladder = []
+            n = 1
+            while n <= limit:
+                ladder.append(n)
+                n *= 2
+            if view.gpus not in ladder:
+                ladder.append(view.gpus)
+                ladder.sort()
+        if bounds is not None:
+            ladder = sorted({bounds.gpus_within(n) for n in ladder})
+        cost: dict[int, tuple[float, int, int]] = {}
+        for n in ladder:
+            if n == view.gpus and view.running:
+                choices = [view.batch_size]
+            elif self.batch_search and curve is not None:
+                choices = batch_choices(batch_at(n), base, n, largest)
+            else:
+                choices = [batch_at(n)]
+            if bounds is not None and not (n == view.gpus and view.running):
+                choices = within_batch_bounds(choices, bounds, n)
+            best: tuple[float, int, int] | None = None
+            for batch in choices:
+                accum, iter_s = self._shape(snapshot, view, batch, n)
+                if accum is None and not (kind == "frozen" or n == view.gpus):
+                    continue
+                # samples / (batch / iter_s): remaining seconds at n GPUs, with the
+                # samples left at this batch where the convergence curve is known
+                left = (
+                    samples
+                    if curve is None
+                    else samples_at(self._curves, curve, view, samples, batch)
+                )
+                found = (left * iter_s / batch, accum or view.accum_steps, batch)
+                if best is None or found[0] < best[0]:
+                    best = found
+            if best is not None:
+                cost[n] = best
+        sizes = sorted(cost)
+        if not sizes:
+            reasons[view.job_id] = "no GPU count fits its per-GPU batch in GPU memory"
+            return None
+        _, one_iter = self._shape(snapshot, view, base, 1)
+        return SearchJob(
+            view, asked_gpus, asked_batch, kind, sizes, cost, samples * one_iter / base
+        )
 
     def _scale_down(self, snapshot: Snapshot, jobs: list[SearchJob]) -> None:
         """The single largest changeable job, if it holds at least half the cluster and
@@ -606,14 +674,19 @@ class Ones:
         order = sorted(range(len(scored)), key=lambda k: (scored[k][0], k))
         return [scored[k] for k in order[:POPULATION]]
 
+    def interval_s(self, snapshot: Snapshot) -> float:
+        """Simulated seconds from one generation to the next at the least, on
+        ``snapshot``'s cluster."""
+        if self.search_interval_s is not None:
+            return self.search_interval_s
+        return self.search_s_per_gpu * snapshot.cluster.total_gpus
+
     def decide(self, snapshot: Snapshot) -> Decision:
+        self._interval = self.interval_s(snapshot)
+        if self._between_searches(snapshot.now):
+            return self._pad(snapshot)
         jobs, reasons, behind = self._jobs(snapshot)
-        default = (
-            f"waits behind the first {snapshot.free_gpus + self.queue_margin} queued jobs "
-            f"(idle GPUs plus {self.queue_margin}), the only ones the search sees"
-            if behind
-            else "waiting for the next generation of the search"
-        )
+        default = self._default_reason(snapshot, behind)
         if self._settled(snapshot, jobs):
             if not self._population:
                 now = SearchProblem(snapshot, jobs, self.restart_s).occupancy
@@ -628,15 +701,188 @@ class Ones:
             return Decision(
                 reasons=reasons,
                 default_reason=default,
-                wake_at=self._wake_at(snapshot, jobs, False),
+                wake_at=self._spaced(self._wake_at(snapshot, jobs, False)),
             )
         kept = self._generation(SearchProblem(snapshot, jobs, self.restart_s))
         self._population = [genes for _, genes in kept]
         self._population_ids = [job.view.job_id for job in jobs]
         self.best_fitness, best = kept[0]
+        self.generations += 1
+        self._last_search = snapshot.now
+        self._padding_jobs.clear()
         return decision_of(
-            jobs, best, reasons, default, lambda changed: self._wake_at(snapshot, jobs, changed)
+            jobs,
+            best,
+            reasons,
+            default,
+            lambda changed: self._spaced(self._wake_at(snapshot, jobs, changed)),
         )
+
+    def _default_reason(self, snapshot: Snapshot, behind: bool) -> str:
+        return (
+            f"waits behind the first {snapshot.free_gpus + self.queue_margin} queued jobs "
+            f"(idle GPUs plus {self.queue_margin}), the only ones the search sees"
+            if behind
+            else "waiting for the next generation of the search"
+        )
+
+    # ---- between generations ----------------------------------------------------------
+    def _between_searches(self, now: float) -> bool:
+        """Whether the last generation ran less than ``search_interval_s`` ago."""
+        last, interval = self._last_search, self._interval
+        return interval > 0 and last is not None and now < last + interval
+
+    def _spaced(self, wake_at: float | None) -> float | None:
+        """``wake_at``, no earlier than the next generation may run; kept for the
+        decisions that pad until then."""
+        last = self._last_search
+        if wake_at is not None and self._interval > 0 and last is not None:
+            wake_at = max(wake_at, last + self._interval)
+        self._next_wake = wake_at
+        return wake_at
+
+    def _pad(self, snapshot: Snapshot) -> Decision:
+        """A decision between generations: the kept best individual, as carried out,
+        padded as repair pads a candidate. The queued jobs the search sees go onto idle
+        GPUs at their start size (shortest predicted remaining time on one GPU first;
+        ONES's new jobs enter only by padding), then idle GPUs left go to the running
+        jobs past their gate in the same order, each up to the GPUs it asked for, then
+        up to its cap, where the growth saves more than its restart. Nothing moves that
+        the search placed, and nothing is preempted: those wait for the next generation.
+        The kept best individual takes the new places, so the next generation breeds
+        from the schedule as it stands."""
+        self._check_basis(snapshot)
+        now = snapshot.now
+        reasons: dict[str, str] = {}
+        pending, behind = self._window(snapshot, reasons)
+        default = self._default_reason(snapshot, behind)
+        assert self._last_search is not None  # between searches
+        wake = self._next_wake
+        if wake is None or wake <= now:
+            wake = self._last_search + self._interval
+        left = snapshot.free_gpus
+        if left == 0:
+            return Decision(reasons=reasons, default_reason=default, wake_at=wake)
+        cluster = snapshot.cluster
+        owner = np.where(np.asarray(snapshot.gpu_load, dtype=np.int64) > 0, TAKEN, NONE)
+        node_of = np.asarray(cluster.gpu_node, dtype=np.int64)
+        new = [j for v in pending if (j := self._search_job(snapshot, v, reasons)) is not None]
+        new.sort(key=lambda j: (j.one_gpu_s, j.view.job_id))
+        starts: list[Start] = []
+        line = ContiguousGpus(cluster, owner, node_of)  # takes GPUs in ``owner``
+        for job in new:
+            view = job.view
+            limit = max(min(job.asked_gpus, job.sizes[-1]), job.sizes[0])
+            gpus: tuple[int, ...] = ()
+            for n in reversed([n for n in job.sizes if n <= min(limit, left)]):
+                if n == 1:
+                    start = line.take_tightest(TAKEN)
+                    gpus = () if start is None else (start,)
+                else:
+                    block = line.best_block(n)
+                    if block is not None:
+                        line.take_block(block, n, TAKEN)
+                        gpus = tuple(range(block, block + n))
+                if gpus:
+                    break
+            if not gpus:
+                reasons[view.job_id] = (
+                    f"needs {job.sizes[0]} GPU{'s' if job.sizes[0] > 1 else ''}; none is "
+                    "idle until the next generation of the search"
+                )
+                continue
+            left -= len(gpus)
+            _, accum, batch = job.cost[len(gpus)]
+            elastic = len(gpus) != view.gpus or batch != view.batch_size
+            starts.append(Start(view.job_id, gpus, accum, batch_size=batch if elastic else None))
+        resizes = self._grown(snapshot, owner, left) if left > 0 else []
+        placed = [(s.job_id, s.gpu_ids) for s in starts] + [(r.job_id, r.gpu_ids) for r in resizes]
+        for job_id, gpu_ids in placed:
+            self._keep_in_best(snapshot, job_id, gpu_ids)
+        return Decision(
+            starts=tuple(starts),
+            resizes=tuple(resizes),
+            reasons=reasons,
+            default_reason=default,
+            wake_at=wake,
+        )
+
+    def _grown(self, snapshot: Snapshot, owner: np.ndarray, left: int) -> list[Resize]:
+        """Resizes that give ``left`` idle GPUs (FREE in ``owner``, which this marks as
+        it gives them) to the running jobs past their gate: in order of predicted
+        remaining time on one GPU, each up to the GPUs it asked for, then each up to its
+        cap (``worth_growing``), on a contiguous block that overlaps its GPUs most. A
+        job's own GPUs stay its own: no other job of this decision lands on them."""
+        now = snapshot.now
+        if len(self._padding_jobs) > 4 * len(snapshot.running) + 64:
+            self._padding_jobs.clear()
+        jobs: list[SearchJob] = []
+        unused: dict[str, str] = {}
+        for view in snapshot.running:
+            if now - view.started_at < self.settling_s(view):
+                continue  # frozen: it may not change yet
+            key = (view.job_id, view.gpus, view.batch_size, view.started_at, "running")
+            job = self._padding_jobs.get(key)
+            if job is None:
+                found = self._search_job(snapshot, view, unused)
+                if found is None:
+                    continue
+                job = self._padding_jobs[key] = found
+            if job.sizes[-1] > view.gpus:
+                jobs.append(job)
+        if not jobs:
+            return []
+        jobs.sort(key=lambda j: (j.one_gpu_s, j.view.job_id))
+        cluster = snapshot.cluster
+        node_of = np.asarray(cluster.gpu_node, dtype=np.int64)
+        held = {j.view.job_id: tuple(j.view.gpu_ids) for j in jobs}
+        for first_pass in (True, False):
+            for job in jobs:
+                if left == 0:
+                    break
+                worth = worth_growing(job, self.restart_s)
+                limit = max(min(job.asked_gpus, worth), job.sizes[0]) if first_pass else worth
+                view = job.view
+                now_held = held[view.job_id]
+                have = len(now_held)
+                room = min(max(limit, have), have + left)
+                fitting = [n for n in job.sizes if have < n <= room]
+                if not fitting:
+                    continue
+                mine = sorted({*view.gpu_ids, *now_held})
+                owner[mine] = NONE
+                own = np.zeros(len(owner) + 1, dtype=np.int64)
+                own[np.asarray(view.gpu_ids, dtype=np.int64) + 1] = 1
+                own = np.cumsum(own)
+                line = ContiguousGpus(cluster, owner, node_of)
+                for n in reversed(fitting):
+                    block = line.best_block(n, own)
+                    if block is not None:
+                        held[view.job_id] = tuple(range(block, block + n))
+                        left -= n - have
+                        break
+                owner[list(held[view.job_id])] = TAKEN
+                owner[list(view.gpu_ids)] = TAKEN  # its own GPUs stay its own
+        return [
+            resize_to(job, held[job.view.job_id], "idle between generations")
+            for job in jobs
+            if held[job.view.job_id] != tuple(job.view.gpu_ids)
+        ]
+
+    def _keep_in_best(self, snapshot: Snapshot, job_id: str, gpus: tuple[int, ...]) -> None:
+        """Write ``job_id`` on ``gpus`` (and off any other GPU) in the kept best
+        individual."""
+        if not self._population or len(self._population[0]) != snapshot.cluster.total_gpus:
+            return  # the next generation starts from the schedule as it stands anyway
+        ids = self._population_ids
+        best = self._population[0]
+        try:
+            index = ids.index(job_id)
+        except ValueError:
+            index = len(ids)
+            ids.append(job_id)
+        best[best == index] = NONE
+        best[list(gpus)] = index
 
     @staticmethod
     def _settled(snapshot: Snapshot, jobs: list[SearchJob]) -> bool:

@@ -57,17 +57,16 @@ def sequence_resizes(
                 del holder[g]
         for g in gpus:
             holder[g] = i
-        _, accum, batch = job.cost[len(gpus)]
-        resizes.append(
-            Resize(
-                job.view.job_id,
-                gpus,
-                batch,
-                accum,
-                f"from {job.view.gpus} to {len(gpus)} GPUs, the best schedule found",
-            )
-        )
+        resizes.append(resize_to(job, gpus, "the best schedule found"))
     return resizes, stuck
+
+
+def resize_to(job: SearchJob, gpus: tuple[int, ...], why: str) -> Resize:
+    """``job`` on ``gpus``, at the batch and accumulation its cost there was found at."""
+    _, accum, batch = job.cost[len(gpus)]
+    return Resize(
+        job.view.job_id, gpus, batch, accum, f"from {job.view.gpus} to {len(gpus)} GPUs, {why}"
+    )
 
 
 def decision_of(
