@@ -11,6 +11,7 @@ import os
 import re
 import socket
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -255,3 +256,22 @@ async def test_tap_without_a_cluster_says_so_in_one_line_without_debug_noise(tmp
     assert len(lines) == 1, err
     assert lines[0].startswith(f"error: cannot reach NATS at {url}")
     assert "gpusched up" in lines[0]
+
+
+async def test_submit_flags_give_a_deadline_from_now_and_elastic_batch_bounds(
+    service: AdmissionService, stores: Stores
+):
+    before = time.time()
+    job_id = await submitted(
+        service, "--deadline-in", "3600", "--min-batch-size", "32", "--max-batch-size", "256"
+    )
+    entry = await stores.jobs.get(job_id)
+    assert entry.value is not None
+    spec = codec.decode(entry.value, JobRecord).spec
+    assert (spec.min_batch_size, spec.max_batch_size) == (32, 256)
+    assert spec.deadline is not None and before + 3600 <= spec.deadline <= time.time() + 3600
+    # a bound that leaves out the job's own batch is refused, naming the field
+    code, out, err = await gpusched(service, "submit", "--model", "resnet50", "--batch-size",
+                                    "64", "--iterations", "5", "--min-batch-size", "128")
+    assert code == 2 and out == ""
+    assert "min_batch_size" in err

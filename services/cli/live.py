@@ -6,6 +6,7 @@ import asyncio
 import json
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -46,6 +47,7 @@ def _spec_from_flags(
     name: str | None, model: str | None, gpus: int, batch_size: int | None,
     iterations: int | None, epochs: float | None, dataset_size: int | None,
     command: str | None, priority: int, no_sharing: bool, label: list[str] | None,
+    extra: dict[str, Any],
 ) -> dict[str, Any]:
     missing = [flag for flag, value in (("--model", model), ("--batch-size", batch_size))
                if value is None]
@@ -55,7 +57,8 @@ def _spec_from_flags(
         "name": name or model, "model": model, "gpus": gpus, "batch_size": batch_size,
         "priority": priority, "allow_sharing": not no_sharing,
     }
-    optional = {"iterations": iterations, "epochs": epochs, "dataset_size": dataset_size}
+    optional = {"iterations": iterations, "epochs": epochs, "dataset_size": dataset_size,
+                **extra}
     spec.update({k: v for k, v in optional.items() if v is not None})
     if command:
         spec["command"] = shlex.split(command)
@@ -89,6 +92,16 @@ def register(app: typer.Typer) -> None:
         priority: Annotated[int, typer.Option(help="Higher runs first where policies care.")] = 0,
         no_sharing: Annotated[bool, typer.Option(help="Never share this job's GPUs.")] = False,
         label: Annotated[list[str] | None, typer.Option(help="KEY=VALUE, repeatable.")] = None,
+        deadline_in: Annotated[
+            float | None,
+            typer.Option(help="Seconds from now by which the job should finish (a deadline)."),
+        ] = None,
+        min_batch_size: Annotated[
+            int | None, typer.Option(help="Smallest global batch an elastic policy may give it.")
+        ] = None,
+        max_batch_size: Annotated[
+            int | None, typer.Option(help="Largest global batch an elastic policy may give it.")
+        ] = None,
         idempotency_key: Annotated[
             str | None, typer.Option(help="Retrying with the same key creates one job.")
         ] = None,
@@ -107,8 +120,13 @@ def register(app: typer.Typer) -> None:
                 "application/yaml" if yaml_like else "application/json"
             )
         else:
+            extra = {
+                "deadline": None if deadline_in is None else time.time() + deadline_in,
+                "min_batch_size": min_batch_size,
+                "max_batch_size": max_batch_size,
+            }
             spec = _spec_from_flags(name, model, gpus, batch_size, iterations, epochs,
-                                    dataset_size, command, priority, no_sharing, label)
+                                    dataset_size, command, priority, no_sharing, label, extra)
             body, content_type = json.dumps(spec).encode(), "application/json"
 
         async def go() -> Any:
