@@ -6,7 +6,12 @@ the scheduler's input lag (how old a heartbeat is when the scheduler handles it)
 decision times, and submit-to-RUNNING latency.
 
     python bench/live_scale.py [--nodes 200] [--gpus 8] [--jobs 2000] [--seconds 40]
-        [--policy sjf-bsbf] [--time-scale 0.01]
+        [--policy sjf-bsbf] [--time-scale 0.01] [--agent-processes N]
+        [--profile-scheduler flame.svg]
+
+The agents are split over ``--agent-processes`` processes (by default one per 250
+agents), so one agents' event loop is not what holds heartbeats back at 1,000 agents.
+``--profile-scheduler`` records the scheduler process with py-spy for the whole run.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import json
 import multiprocessing
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -50,11 +56,13 @@ from gpusched.services.scheduler.live import SchedulerService
 MISSED_GAP_S = 2.0
 
 
-def run_agents(url: str, nodes: int, gpus: int, scale: float, work: str, stop: Any) -> None:
+def run_agents(url: str, nodes: int, gpus: int, scale: float, work: str, stop: Any,
+               prefix: str = "node") -> None:
     configure_logging(level="error")
 
     async def main() -> None:
-        async with EmulatedCluster.of(url, nodes, gpus, time_scale=scale, work_dir=Path(work)):
+        async with EmulatedCluster.of(url, nodes, gpus, time_scale=scale, work_dir=Path(work),
+                                      prefix=prefix):
             while not stop.is_set():
                 await asyncio.sleep(0.2)
 
@@ -68,13 +76,31 @@ def run_scheduler(url: str, policy: str, scale: float, stop: Any, out: Any) -> N
         config = SchedulerConfig(nats_url=url, policy=policy, time_scale=scale,
                                  instance="bench", node_timeout_s=10, decide_every_s=1.0)
         async with SchedulerService(config) as service:
+            # the worst input lag of each 5 s, to tell a start-up backlog from a steady
+            # one; the deque is drained here, as it keeps only the last 10,000
+            timeline: list[float] = []
+            lags: list[float] = []
+            cpu_at, wall_at = time.process_time(), time.monotonic()
             while not stop.is_set():
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(5.0 if timeline else 0.2)
+                live = service.scheduler
+                if live is None:
+                    continue
+                if not timeline:
+                    cpu_at, wall_at = time.process_time(), time.monotonic()
+                fresh = list(live.beat_lag_s)
+                live.beat_lag_s.clear()
+                lags += fresh
+                timeline.append(round(max(fresh, default=0.0), 2))
             live = service.scheduler
+            if live is not None:
+                lags += live.beat_lag_s
             out.put({
-                "beat_lag_s": sorted(live.beat_lag_s) if live else [],
+                "beat_lag_s": sorted(lags),
                 "decide_ms": sorted(live.decide_ms) if live else [],
                 "rounds": live.rounds if live else 0,
+                "lag_max_per_5s": timeline[1:],
+                "cpu_share": (time.process_time() - cpu_at) / (time.monotonic() - wall_at),
             })
 
     asyncio.run(main())
@@ -172,25 +198,49 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=40)
     parser.add_argument("--policy", default="sjf-bsbf")
     parser.add_argument("--time-scale", type=float, default=0.01)
+    parser.add_argument("--agent-processes", type=int, default=0,
+                        help="processes the agents are split over (0: one per 250)")
+    parser.add_argument("--profile-scheduler", metavar="SVG", default="",
+                        help="record the scheduler process with py-spy into this file")
     args = parser.parse_args()
+    processes = args.agent_processes or max(1, -(-args.nodes // 250))
+    if not 1 <= processes <= args.nodes:
+        parser.error(f"--agent-processes: must be 1..{args.nodes}, got {processes}")
     configure_logging(level="error")
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
     out = ctx.Queue()
     with NatsServer() as server, tempfile.TemporaryDirectory() as work:
-        agents = ctx.Process(target=run_agents, args=(
-            server.url, args.nodes, args.gpus, args.time_scale, work, stop))
+        shares = [args.nodes // processes + (k < args.nodes % processes)
+                  for k in range(processes)]
+        agents = [
+            ctx.Process(target=run_agents, args=(
+                server.url, share, args.gpus, args.time_scale, work, stop, f"node{k}"))
+            for k, share in enumerate(shares)
+        ]
         scheduler = ctx.Process(target=run_scheduler, args=(
             server.url, args.policy, args.time_scale, stop, out))
-        agents.start()
+        for process in agents:
+            process.start()
         scheduler.start()
+        profiler = None
+        if args.profile_scheduler:
+            profiler = subprocess.Popen(
+                [str(Path(sys.executable).parent / "py-spy"), "record", "--pid",
+                 str(scheduler.pid), "--rate", "50", "--output", args.profile_scheduler,
+                 *(["--format", "speedscope"] if args.profile_scheduler.endswith(".json")
+                   else [])],
+                stdout=subprocess.DEVNULL)
         try:
             figures = asyncio.run(drive(args, server.url))
         finally:
             stop.set()
         stats = out.get(timeout=60)
         scheduler.join(30)
-        agents.join(60)
+        for process in agents:
+            process.join(60)
+        if profiler is not None:
+            profiler.wait(60)
     lag = stats["beat_lag_s"]
     figures.update({
         "scheduler_input_lag_p50_s": pct(lag, 0.5),
@@ -199,7 +249,10 @@ def main() -> None:
         "decide_ms_p50": pct(stats["decide_ms"], 0.5),
         "decide_ms_max": max(stats["decide_ms"], default=float("nan")),
         "rounds": stats["rounds"],
+        "scheduler_lag_max_per_5s": stats["lag_max_per_5s"],
+        "scheduler_cpu_share": stats["cpu_share"],
         "nodes": args.nodes, "gpus_per_node": args.gpus, "policy": args.policy,
+        "agent_processes": processes,
     })
     print(json.dumps(figures, indent=2, default=lambda v: round(v, 4)))
     if statistics.fmean([figures["missed_heartbeats"]]) > 0:

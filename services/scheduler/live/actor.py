@@ -23,7 +23,15 @@ from nats.aio.msg import Msg
 from gpusched.libs.common import codec, subjects
 from gpusched.libs.common.actor import Actor
 from gpusched.libs.common.bus import Stores
-from gpusched.libs.common.schemas import CancelRequest, Heartbeat, JobExit, JobRecord, SizePredicted
+from gpusched.libs.common.schemas import (
+    CancelRequest,
+    Heartbeat,
+    JobExit,
+    JobProgressEvent,
+    JobRecord,
+    NodeInfo,
+    SizePredicted,
+)
 from gpusched.libs.core.perf import PerformanceModel
 from gpusched.services.scheduler.config import SchedulerConfig
 from gpusched.services.scheduler.live import timing
@@ -54,6 +62,7 @@ from gpusched.services.scheduler.live.messages import (
     ComputeMeasured,
     Durable,
     Estimated,
+    InputsDue,
     Measured,
     Message,
     ProgressSeen,
@@ -65,6 +74,7 @@ from gpusched.services.scheduler.live.messages import (
     StopFailed,
     Sweep,
     redeliver,
+    redeliver_msg,
 )
 from gpusched.services.scheduler.live.metrics import SchedulerMetrics
 from gpusched.services.scheduler.live.predictor import PredictorAsks
@@ -74,10 +84,6 @@ from gpusched.services.scheduler.live.reports import from_sender
 from gpusched.services.scheduler.live.state import Layout, LiveJob, LiveNode, ScaledModel
 from gpusched.services.scheduler.live.store import JobStore, RecordConflict
 from gpusched.services.scheduler.policies.base import Policy
-
-#: effects still carried out after a record write failed: questions and a round, which
-#: depend on no job's record
-_QUESTIONS = (AskComputeProfile, AskGpuProfile, RequestRound)
 
 
 class LiveScheduler(Actor[Message]):
@@ -104,6 +110,17 @@ class LiveScheduler(Actor[Message]):
             self.log, self.spawn, self.tell,
         )
         self.publisher = Publisher(nc, config.instance)
+        #: inputs waiting for the next ``InputsDue`` (messages.py): stream messages and
+        #: start results in order; reports the latest per sender, since a node's newer
+        #: heartbeat says all an older one did and a run's newer progress likewise (a
+        #: heartbeat's entry keeps when the oldest one it replaced was sent: input lag)
+        self._stream: list[Msg] = []
+        self._results: list[StartResult] = []
+        self._beats: dict[str, tuple[Heartbeat, float]] = {}
+        self._progress: dict[tuple[str, str], JobProgressEvent] = {}
+        #: records read for a batch of stream messages before its first is handled
+        #: (``_durables``); used only for a job neither in the picture nor settled
+        self._prefetched: dict[str, tuple[JobRecord, int] | None] = {}
 
     # ---- what the service, benches and tests read of the core --------------------------
     @property
@@ -175,6 +192,35 @@ class LiveScheduler(Actor[Message]):
     def first_start_at(self) -> float | None:
         return self.core.first_start_at
 
+    # ---- inputs handled together (``InputsDue``) ---------------------------------------
+    def durables_arrived(self, msgs: list[Msg]) -> None:
+        """Messages of the jobs or exits stream, acknowledged once handled."""
+        if msgs:
+            self._inputs_due()
+            self._stream += msgs
+
+    def beat_arrived(self, beat: Heartbeat) -> None:
+        """A heartbeat: it replaces the node's one still waiting."""
+        waiting = self._beats.get(beat.node)
+        oldest = min(beat.at, waiting[1]) if waiting is not None else beat.at
+        self._inputs_due()
+        self._beats[beat.node] = (beat, oldest)
+
+    def progress_arrived(self, event: JobProgressEvent) -> None:
+        self._inputs_due()
+        self._progress[(event.job_id, event.node)] = event
+
+    def tell(self, message: Message) -> None:
+        if isinstance(message, StartResult):  # from the node commands under way
+            self._inputs_due()
+            self._results.append(message)
+        else:
+            super().tell(message)
+
+    def _inputs_due(self) -> None:
+        if not (self._stream or self._results or self._beats or self._progress):
+            super().tell(InputsDue())
+
     def depose(self) -> None:
         """No longer the leader: queued messages are not handled from now on (stored
         inputs go back to their stream for the next leader), so leaving does not wait on
@@ -213,12 +259,16 @@ class LiveScheduler(Actor[Message]):
         """Take a stored record into the picture (a submission, a cancel)."""
         if job_id in self.core.jobs:
             return self.core.jobs[job_id]
-        stored = await self.store.read(job_id)
+        if job_id in self._prefetched and job_id not in self.core.settled:
+            stored = self._prefetched.pop(job_id)
+        else:
+            stored = await self.store.read(job_id)
         if stored is None:
             return None
         job = self.core.take(job_id, *stored)
         if job is not None:
-            await self.store.mark_live(job_id)
+            # carried out with the step's other effects, before the input is acknowledged
+            self.core.effects.append(MarkLive(job_id))
         return job
 
     async def _rescan(self) -> None:
@@ -292,24 +342,50 @@ class LiveScheduler(Actor[Message]):
 
     # ---- the core's effects -----------------------------------------------------------
     async def _carry_out(self) -> None:
-        """Carry out the effects the core listed, in order. A record write that fails
-        (``RecordConflict``) stops them: every other job whose effects were left is read
-        back from the store (its picture is ahead of what was carried out), only the
-        questions and rounds after it still go, and the conflict is raised for the
-        caller to read that job back too."""
+        """Carry out the effects the core listed. Each job's effects go in their order,
+        each after the one before it (a start command after the write of its run's
+        record; a record written at the revision its previous write gave); the effects
+        of different jobs are under way together, since no job's record depends on
+        another's, and the step waits for all of them. Effects of no job (a round, a
+        question about a model) go at their place. A record write that fails
+        (``RecordConflict``) stops its job's later effects; every other job stopped is
+        read back from the store, and the first conflict is raised for the caller to
+        read that job back (and hand a stored input back) too."""
         effects = self.core.take_effects()
-        for index, effect in enumerate(effects):
-            try:
-                await self._do(effect)
-            except RecordConflict as conflict:
-                left = effects[index + 1:]
-                behind = {job_of(e) for e in left} - {None, conflict.job_id}
-                for job_id in sorted(j for j in behind if j is not None):
-                    self.tell(Resync(job_id))
-                for question in left:
-                    if isinstance(question, _QUESTIONS):
-                        await self._do(question)
-                raise
+        chains: dict[str, asyncio.Future[None]] = {}
+        error: BaseException | None = None
+        try:
+            for effect in effects:
+                job_id = job_of(effect)
+                if job_id is None:
+                    await self._do(effect)
+                else:
+                    chains[job_id] = asyncio.ensure_future(
+                        self._after(chains.get(job_id), effect)
+                    )
+        except BaseException as exc:
+            error = exc
+        ends = await asyncio.gather(*chains.values(), return_exceptions=True)
+        failed = {
+            job_id: end for job_id, end in zip(chains, ends, strict=True)
+            if isinstance(end, BaseException)
+        }
+        conflicts = [end for end in failed.values() if isinstance(end, RecordConflict)]
+        if error is None:
+            error = next((e for e in failed.values() if not isinstance(e, RecordConflict)),
+                         conflicts[0] if conflicts else None)
+        for job_id in failed:
+            if error is not failed[job_id] or not isinstance(error, RecordConflict):
+                self.tell(Resync(job_id))
+        if error is not None:
+            raise error
+
+    async def _after(self, previous: asyncio.Future[None] | None, effect: Effect) -> None:
+        """One of a job's effects, after its previous one; not carried out when that one
+        failed (its error is raised again)."""
+        if previous is not None:
+            await previous
+        await self._do(effect)
 
     async def _do(self, effect: Effect) -> None:
         match effect:
@@ -353,6 +429,10 @@ class LiveScheduler(Actor[Message]):
     async def handle(self, message: Message) -> None:
         if self.deposed:
             await redeliver(message, first_s=0.0)
+            if isinstance(message, InputsDue):
+                for msg in self._stream:
+                    await redeliver_msg(msg, first_s=0.0)
+                self._stream = []
             return
         try:
             await self._handle(message)
@@ -381,9 +461,12 @@ class LiveScheduler(Actor[Message]):
             case Durable(msg):
                 core.metrics.durable_seen(msg)
                 await self._durable(msg)
+
             case Beat(heartbeat):
                 core.metrics.input_seen("heartbeat", heartbeat.at)
                 await self._beat(heartbeat)
+            case InputsDue():
+                await self._inputs()
             case ProgressSeen(event):
                 core.metrics.input_seen("progress", event.progress.at)
                 core.progress(event)
@@ -412,6 +495,79 @@ class LiveScheduler(Actor[Message]):
                 self.log.warning("stop not confirmed", job_id=message.job_id, error=message.error)
 
     async def _durable(self, msg: Msg) -> None:
+        await self._durable_step(msg)
+        # what the input changed is written before it is acknowledged
+        await self._carry_out()
+        await msg.ack()
+
+    async def _inputs(self) -> None:
+        """Every input waiting (``InputsDue``), one step: the records of the jobs the
+        stream messages submit are read at once, the inputs handed to the core (stream
+        messages and start results in order, then each node's latest heartbeat and each
+        run's latest progress), their effects carried out together, and only then each
+        stream message acknowledged. A stream message whose handling failed, or every
+        one where carrying the effects out failed, goes back to its stream; handling
+        one again changes nothing already done."""
+        msgs, self._stream = self._stream, []
+        results, self._results = self._results, []
+        beats, self._beats = self._beats, {}
+        progress, self._progress = self._progress, {}
+        failed: set[int] = set()  # ids of the messages whose handling failed
+        try:
+            await self._prefetch(msgs)
+            for msg in msgs:
+                self.core.metrics.durable_seen(msg)
+                try:
+                    await self._durable_step(msg)
+                except Exception as exc:
+                    self.log.warning("stream message not handled; handed back",
+                                     subject=msg.subject, error=repr(exc))
+                    failed.add(id(msg))
+        except BaseException:
+            for msg in msgs:
+                await redeliver_msg(msg)
+            raise
+        finally:
+            self._prefetched = {}
+        for result in results:
+            self.core.start_result(result)
+        await self._join([node for node in beats if node not in self.core.nodes])
+        now = time.time()
+        for beat, oldest in beats.values():
+            self.core.metrics.input_seen("heartbeat", oldest)
+            if oldest < beat.at:  # the heartbeat it replaced waited longer
+                self.core.beat_lag_s.append(max(0.0, now - oldest))
+            self.core.beat(beat)
+        for event in progress.values():
+            self.core.metrics.input_seen("progress", event.progress.at)
+            self.core.progress(event)
+        try:
+            await self._carry_out()
+        except BaseException:
+            for msg in msgs:
+                await redeliver_msg(msg)
+            raise
+        for msg in msgs:
+            if id(msg) in failed:
+                await redeliver_msg(msg)
+            else:
+                await msg.ack()
+
+    async def _prefetch(self, msgs: list[Msg]) -> None:
+        """Read at once the records of the jobs ``msgs`` submit that the picture does
+        not hold (``_adopt`` takes them instead of reading each in turn)."""
+        wanted = [
+            job_id for job_id in dict.fromkeys(
+                msg.subject.split(".")[2] for msg in msgs
+                if subjects.node_of(msg.subject) is None
+                and msg.subject.rsplit(".", 1)[-1] == "submitted"
+            )
+            if job_id not in self.core.jobs and job_id not in self.core.settled
+        ]
+        records = await asyncio.gather(*(self.store.read(job_id) for job_id in wanted))
+        self._prefetched = dict(zip(wanted, records, strict=True))
+
+    async def _durable_step(self, msg: Msg) -> None:
         event = msg.subject.rsplit(".", 1)[-1]
         try:
             if subjects.node_of(msg.subject) is not None:
@@ -433,9 +589,6 @@ class LiveScheduler(Actor[Message]):
                 await self._size_predicted(codec.decode(msg.data, SizePredicted))
         except msgspec.DecodeError as exc:
             self.log.warning("dropping undecodable message", subject=msg.subject, error=str(exc))
-        # what the input changed is written before it is acknowledged
-        await self._carry_out()
-        await msg.ack()
 
     async def _cancel(self, request: CancelRequest) -> None:
         job = self.core.jobs.get(request.job_id) or await self._adopt(request.job_id)
@@ -449,6 +602,17 @@ class LiveScheduler(Actor[Message]):
         if job is not None:
             self.core.size_predicted(job, predicted)
 
+    async def _join(self, names: list[str]) -> None:
+        """Read the registrations of nodes new to the picture at once and take them in
+        (``SchedulerCore.join``); one not read is tried again with its next heartbeat."""
+        found = await asyncio.gather(
+            *(self.registry.registration(name) for name in names), return_exceptions=True
+        )
+        for name, info in zip(names, found, strict=True):
+            if isinstance(info, BaseException):
+                self.log.warning("registration not read", node=name, error=repr(info))
+        self.core.join([info for info in found if isinstance(info, NodeInfo)])
+
     async def _beat(self, beat: Heartbeat) -> None:
         registration = None
         if beat.node not in self.core.nodes:
@@ -460,12 +624,15 @@ class LiveScheduler(Actor[Message]):
             registered: set[str] | None = set(await self.registry.names())
         except Exception:
             registered = None
-        for job, why in self.core.sweep(registered):
-            try:
-                exit = await self.store.stored_exit(job)
-            except Exception as exc:
+        found = self.core.sweep(registered)
+        # looked for at once: a sweep after a stall finds many, each a round trip
+        exits = await asyncio.gather(
+            *(self.store.stored_exit(job) for job, _ in found), return_exceptions=True
+        )
+        for (job, why), exit in zip(found, exits, strict=True):
+            if isinstance(exit, BaseException):
                 # not knowing whether it ended is no reason to run it twice: ask again later
                 self.log.warning("cannot look for a stored exit; job left as it is",
-                                 job_id=job.id, error=repr(exc))
+                                 job_id=job.id, error=repr(exit))
                 continue
             self.core.lost(job, why, exit)

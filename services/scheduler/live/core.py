@@ -200,6 +200,19 @@ class SchedulerCore(Rounds):
             job.last_progress_write = job.iteration_at
             self._write(job, replace(job.record, progress=event.progress))
 
+    def join(self, registrations: list[NodeInfo]) -> None:
+        """Nodes whose heartbeats came before they were in the picture, with their stored
+        registrations: in at once, so a thousand nodes joining lay the cluster out once,
+        not once each (each layout is over every node)."""
+        now = time.time()
+        joined = [info for info in registrations if info.name not in self.nodes]
+        for info in joined:
+            self.nodes[info.name] = LiveNode(info, last_beat=now)
+            self.log.info("node joined", node=info.name)
+        if joined:
+            self._relayout()
+            self._request_round()
+
     def beat(self, beat: Heartbeat, registration: NodeInfo | None = None) -> None:
         """A node's heartbeat; ``registration``: the node's stored registration, which
         the actor reads where the node is not in the picture yet."""

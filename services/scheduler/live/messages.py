@@ -33,6 +33,16 @@ class Beat:
 
 
 @dataclass(frozen=True)
+class InputsDue:
+    """Inputs wait beside the inbox (``LiveScheduler.durables_arrived``, ``beat_arrived``,
+    ``progress_arrived``, and the start results its commands report): stream messages
+    and start results in their order, heartbeats and progress the latest per sender.
+    One ``InputsDue`` takes all that waits as one step, whose record reads and writes
+    are under way together, so a backlog costs one step, not one round trip per
+    message."""
+
+
+@dataclass(frozen=True)
 class ProgressSeen:
     event: JobProgressEvent
 
@@ -109,8 +119,9 @@ class StopFailed:
 
 
 Message = (
-    Durable | Beat | ProgressSeen | Round | Sweep | Rescan | Resync | StartResult
-    | StopFailed | Estimated | Measured | RemainingPredicted | ComputeMeasured | GpuMeasured
+    Durable | Beat | InputsDue | ProgressSeen | Round | Sweep | Rescan | Resync
+    | StartResult | StopFailed | Estimated | Measured | RemainingPredicted | ComputeMeasured
+    | GpuMeasured
 )
 
 
@@ -119,9 +130,13 @@ async def redeliver(message: Message, first_s: float = timing.REDELIVER_S) -> No
     ``first_s``, doubled per delivery up to REDELIVER_MAX_S, so one that keeps failing
     (a store that cannot write) does not spin. Anything else is dropped: it is not
     durable, or comes again by itself (rounds, sweeps)."""
-    if not isinstance(message, Durable):
-        return
+    if isinstance(message, Durable):
+        await redeliver_msg(message.msg, first_s)
+
+
+async def redeliver_msg(msg: Msg, first_s: float = timing.REDELIVER_S) -> None:
+    """``redeliver`` for a stream message not wrapped in ``Durable``."""
     with contextlib.suppress(Exception):
-        metadata = message.msg.metadata
+        metadata = msg.metadata
         delay = min(first_s * 2 ** max(metadata.num_delivered - 1, 0), timing.REDELIVER_MAX_S)
-        await message.msg.nak(delay=delay or None)
+        await msg.nak(delay=delay or None)

@@ -40,11 +40,8 @@ from gpusched.services.scheduler.live.actor import LiveScheduler
 from gpusched.services.scheduler.live.gpu_types import GpuMeasured
 from gpusched.services.scheduler.live.lease import LeaderLease
 from gpusched.services.scheduler.live.messages import (
-    Beat,
     ComputeMeasured,
-    Durable,
     Measured,
-    ProgressSeen,
 )
 from gpusched.services.scheduler.live.metrics import SchedulerMetrics
 from gpusched.services.scheduler.live.reports import from_sender, valid_runs
@@ -247,8 +244,7 @@ class SchedulerService:
                     # a fetch timeout when idle, or NATS reconnecting: try again
                     await asyncio.sleep(0.01)
                     continue
-                for msg in messages:
-                    scheduler.tell(Durable(msg))
+                scheduler.durables_arrived(messages)
         finally:
             # an open pull request would hold up draining the connection
             with contextlib.suppress(Exception):
@@ -271,7 +267,7 @@ async def _heartbeat_arrived(scheduler: LiveScheduler, msg: Msg) -> None:
     if from_sender(msg, beat, scheduler.metrics, "heartbeat") is None:
         return
     scheduler.liveness.saw(beat, arrived=time.time())
-    scheduler.tell(Beat(beat))
+    scheduler.beat_arrived(beat)
 
 
 async def _progress_arrived(scheduler: LiveScheduler, msg: Msg) -> None:
@@ -281,7 +277,7 @@ async def _progress_arrived(scheduler: LiveScheduler, msg: Msg) -> None:
         log.warning("dropping undecodable message", subject=msg.subject, error=str(exc))
         return
     if from_sender(msg, event, scheduler.metrics, "progress") is not None:
-        scheduler.tell(ProgressSeen(event))
+        scheduler.progress_arrived(event)
 
 
 async def _stop_service(service: micro.Service) -> None:
