@@ -365,9 +365,10 @@ POLICY_RATES: dict[str, float] = {
     "synergy-fifo": 1_650,
     "synergy-srtf": 1_950,
     "synergy-las": 1_900,
-    # its genetic search costs more than any queue scan: 500 Philly jobs took 3 min,
-    # 5,000 took 24 min
-    "ones": 3,
+    # its genetic search costs more than any queue scan, even at one generation per
+    # search interval: the first 1,000 Philly jobs took 461 s at machine_speed_s 1.6-3.1
+    # (about 10 jobs/s at 0.57); the demo gives it a slice of 1,000 jobs
+    "ones": 5,
     # a decision that preempts runs genie twice: 10,000 Philly jobs took 47.6 s against
     # genie's 6.4 s on a busy machine
     "auto": 300,
