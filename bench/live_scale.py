@@ -69,7 +69,8 @@ def run_agents(url: str, nodes: int, gpus: int, scale: float, work: str, stop: A
     asyncio.run(main())
 
 
-def run_scheduler(url: str, policy: str, scale: float, stop: Any, out: Any) -> None:
+def run_scheduler(url: str, policy: str, scale: float, stop: Any, out: Any,
+                  nodes: int = 0, ready: Any = None) -> None:
     configure_logging(level="error")
 
     async def main() -> None:
@@ -80,12 +81,20 @@ def run_scheduler(url: str, policy: str, scale: float, stop: Any, out: Any) -> N
             # one; the deque is drained here, as it keeps only the last 10,000
             timeline: list[float] = []
             lags: list[float] = []
+            leader, leaderships = None, 0  # a lease lost under load starts a new one
             cpu_at, wall_at = time.process_time(), time.monotonic()
             while not stop.is_set():
                 await asyncio.sleep(5.0 if timeline else 0.2)
                 live = service.scheduler
                 if live is None:
                     continue
+                if live is not leader:
+                    leader, leaderships = live, leaderships + 1
+                if ready is not None and not ready.is_set():
+                    if len(live.nodes) < nodes:
+                        continue
+                    ready.set()  # leading, every agent in its picture: submissions start
+                    live.beat_lag_s.clear()  # the figures are of the run, not its set-up
                 if not timeline:
                     cpu_at, wall_at = time.process_time(), time.monotonic()
                 fresh = list(live.beat_lag_s)
@@ -99,6 +108,7 @@ def run_scheduler(url: str, policy: str, scale: float, stop: Any, out: Any) -> N
                 "beat_lag_s": sorted(lags),
                 "decide_ms": sorted(live.decide_ms) if live else [],
                 "rounds": live.rounds if live else 0,
+                "leaderships": leaderships,
                 "lag_max_per_5s": timeline[1:],
                 "cpu_share": (time.process_time() - cpu_at) / (time.monotonic() - wall_at),
             })
@@ -113,7 +123,7 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def drive(args: argparse.Namespace, url: str) -> dict[str, Any]:
+async def drive(args: argparse.Namespace, url: str, ready: Any = None) -> dict[str, Any]:
     truth = ProfilePerformanceModel.builtin()
     rng = random.Random(0)
     models = list(truth.models())
@@ -148,6 +158,10 @@ async def drive(args: argparse.Namespace, url: str) -> dict[str, Any]:
         await nc.subscribe(subjects.ALL_HEARTBEATS, cb=beat)
         await nc.subscribe(subjects.ALL_JOB_STATES, cb=state)
         await asyncio.sleep(3)  # agents register, scheduler leads
+        waited = time.monotonic()
+        while ready is not None and not ready.is_set() and time.monotonic() - waited < 300:
+            await asyncio.sleep(0.2)
+        setup_s = time.monotonic() - waited + 3
         counts.clear()
         started = time.monotonic()
         interval = args.seconds * 0.5 / args.jobs  # submit over the first half
@@ -176,6 +190,7 @@ async def drive(args: argparse.Namespace, url: str) -> dict[str, Any]:
     latency = [running_at[j] - submitted[j] for j in running_at if j in submitted]
     return {
         "elapsed_s": elapsed,
+        "until_leading_with_every_node_s": setup_s,
         "messages_per_s": sum(counts.values()) / elapsed,
         "messages_by_kind_per_s": {k: round(v / elapsed, 1) for k, v in sorted(counts.items())},
         "heartbeat_gap_max_s": max(gaps, default=float("nan")),
@@ -218,8 +233,9 @@ def main() -> None:
                 server.url, share, args.gpus, args.time_scale, work, stop, f"node{k}"))
             for k, share in enumerate(shares)
         ]
+        ready = ctx.Event()
         scheduler = ctx.Process(target=run_scheduler, args=(
-            server.url, args.policy, args.time_scale, stop, out))
+            server.url, args.policy, args.time_scale, stop, out, args.nodes, ready))
         for process in agents:
             process.start()
         scheduler.start()
@@ -232,7 +248,7 @@ def main() -> None:
                    else [])],
                 stdout=subprocess.DEVNULL)
         try:
-            figures = asyncio.run(drive(args, server.url))
+            figures = asyncio.run(drive(args, server.url, ready))
         finally:
             stop.set()
         stats = out.get(timeout=60)
@@ -249,6 +265,7 @@ def main() -> None:
         "decide_ms_p50": pct(stats["decide_ms"], 0.5),
         "decide_ms_max": max(stats["decide_ms"], default=float("nan")),
         "rounds": stats["rounds"],
+        "leaderships": stats["leaderships"],
         "scheduler_lag_max_per_5s": stats["lag_max_per_5s"],
         "scheduler_cpu_share": stats["cpu_share"],
         "nodes": args.nodes, "gpus_per_node": args.gpus, "policy": args.policy,

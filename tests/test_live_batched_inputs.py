@@ -15,8 +15,9 @@ from msgspec.structs import replace
 
 from gpusched.libs.common import subjects
 from gpusched.libs.common.bus import Stores
+from gpusched.libs.common.embedded import wait_until
 from gpusched.libs.common.schemas import Heartbeat, JobRecord, Progress, RunningJob
-from gpusched.services.scheduler.live import LiveScheduler, RecordConflict
+from gpusched.services.scheduler.live import LiveScheduler, RecordConflict, timing
 from gpusched.services.scheduler.live.effects import StartRun, WriteRecord
 from gpusched.services.scheduler.live.messages import InputsDue, Resync
 from gpusched.services.scheduler.live.state import LiveJob
@@ -183,5 +184,36 @@ async def test_stream_messages_are_read_together_and_acknowledged_after_their_wr
         assert most == 3  # read together, not one round trip after another
         assert set(ids) <= set(scheduler.jobs)
         assert pending_at_marks == [3, 3, 3]  # none acknowledged before its effects
-        await nc.flush()
-        assert (await pull.consumer_info()).num_ack_pending == 0
+
+
+        async def acknowledged() -> bool:
+            return (await pull.consumer_info()).num_ack_pending == 0
+
+        await wait_until(acknowledged, timeout_s=10)
+
+
+async def test_a_step_keeps_at_most_its_bound_of_effects_under_way(
+    nats_server: Any, nc: Any, stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with idle_scheduler(nats_server.url, nc, stores) as scheduler:
+        jobs = await adopted(scheduler, stores, 5)
+        monkeypatch.setattr(timing, "EFFECTS_IN_FLIGHT", 2)
+        writing = most = 0
+        real_write = scheduler.store.write
+
+        async def write(job: LiveJob, record: JobRecord) -> None:
+            nonlocal writing, most
+            writing += 1
+            most = max(most, writing)
+            await asyncio.sleep(0.02)
+            try:
+                await real_write(job, record)
+            finally:
+                writing -= 1
+
+        monkeypatch.setattr(scheduler.store, "write", write)
+        scheduler.core.effects += [reason(job, "bounded") for job in jobs]
+        await scheduler._carry_out()
+        assert most == 2
+        for job in jobs:
+            assert (await record_of(stores, job.id)).pending_reason == "bounded"

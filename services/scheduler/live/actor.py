@@ -243,8 +243,10 @@ class LiveScheduler(Actor[Message]):
 
     async def _load_nodes(self) -> None:
         now = time.time()
-        for key in await self.registry.names():
-            info = await self.registry.registration(key)
+        # read at once: a thousand registrations one after another hold the takeover
+        names = await self.registry.names()
+        found = await asyncio.gather(*(self.registry.registration(key) for key in names))
+        for info in found:
             if info is not None:
                 # a node gets a whole timeout to show it is alive after a takeover
                 self.core.nodes[info.name] = LiveNode(info, last_beat=now)
@@ -353,6 +355,7 @@ class LiveScheduler(Actor[Message]):
         read that job back (and hand a stored input back) too."""
         effects = self.core.take_effects()
         chains: dict[str, asyncio.Future[None]] = {}
+        room = asyncio.Semaphore(timing.EFFECTS_IN_FLIGHT)
         error: BaseException | None = None
         try:
             for effect in effects:
@@ -361,7 +364,7 @@ class LiveScheduler(Actor[Message]):
                     await self._do(effect)
                 else:
                     chains[job_id] = asyncio.ensure_future(
-                        self._after(chains.get(job_id), effect)
+                        self._after(chains.get(job_id), effect, room)
                     )
         except BaseException as exc:
             error = exc
@@ -380,12 +383,14 @@ class LiveScheduler(Actor[Message]):
         if error is not None:
             raise error
 
-    async def _after(self, previous: asyncio.Future[None] | None, effect: Effect) -> None:
+    async def _after(self, previous: asyncio.Future[None] | None, effect: Effect,
+                     room: asyncio.Semaphore) -> None:
         """One of a job's effects, after its previous one; not carried out when that one
         failed (its error is raised again)."""
         if previous is not None:
             await previous
-        await self._do(effect)
+        async with room:
+            await self._do(effect)
 
     async def _do(self, effect: Effect) -> None:
         match effect:

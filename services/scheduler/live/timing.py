@@ -18,3 +18,7 @@ REDELIVER_S = 0.5
 REDELIVER_MAX_S = 10.0
 #: how soon a record that could not be read back is asked for again
 RESYNC_RETRY_S = 1.0
+#: how many of the effects of different jobs (record writes, index entries) one step has
+#: under way at once: enough to pipeline the writes of a round, few enough that they do
+#: not queue ahead of the lease's renewal in the nats-server for seconds
+EFFECTS_IN_FLIGHT = 64
