@@ -10,12 +10,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpusched.libs.core.cluster import Cluster, Node
-from gpusched.libs.core.decision import decision_problems
+from gpusched.libs.core.decision import Decision, Resize, decision_problems
 from gpusched.libs.core.elastic import Elastic
 from gpusched.libs.core.perf import CpuMemDemand
 from gpusched.libs.core.snapshot import JobView
 from gpusched.services.scheduler.policies import make_policy
-from gpusched.services.scheduler.policies.auto import Auto
+from gpusched.services.scheduler.policies.auto import Auto, _tuned
 from gpusched.services.scheduler.policies.genie import Genie
 from gpusched.services.scheduler.policies.ones import Ones
 from gpusched.services.scheduler.simulation.simulator import SimConfig, Simulator, simulate
@@ -302,3 +302,21 @@ def test_an_elastic_job_grown_onto_a_node_makes_a_job_above_its_share_drop_to_it
     result = simulate(cl, trace, Auto(), hungry, config=SimConfig(restart_overhead_s=5))
     assert result.resizes == 1
     assert [(o.job_id, o.state) for o in result.jobs] == [("h", "finished"), ("e", "finished")]
+
+
+def test_two_resizes_that_wait_on_each_other_fit_once_the_resized_jobs_drop_to_their_share() -> (
+    None
+):
+    # j0 holds 9 of the node's 16 CPUs on GPU 0, j1 its share (4) on GPU 1. The search
+    # grows j1 onto GPUs 2-3 and j0 onto GPUs 0-1: j0 must wait for j1 to leave GPU 1,
+    # and j1's share of 8 fits only once j0 holds less than 9
+    node = cluster(1, 4, cpus=16, host_mem_gb=250)
+    j0 = _elastic(running("j0", 900, (0,), cpus=9.0, mem_gb=80.0))
+    j1 = _elastic(running("j1", 900, (1,)))
+    snap = replace(snapshot(node, HUNGRY, [], [j0, j1]), own_allocations=True)
+    grown = Decision(resizes=(Resize("j1", (2, 3), 64), Resize("j0", (0, 1), 64)))
+    assert decision_problems(snap, grown)  # as the search gave them
+    tuned = _tuned(snap, grown)
+    assert decision_problems(snap, tuned) == []
+    assert [r.job_id for r in tuned.resizes] == ["j1", "j0"]
+    assert [(r.job_id, r.cpus) for r in tuned.reallocations] == [("j0", 4.0)]

@@ -86,7 +86,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from gpusched.libs.core.cluster import HOST_SLACK, Cluster, HostUse
-from gpusched.libs.core.decision import Decision, Preempt, Reallocate, Start
+from gpusched.libs.core.decision import Decision, Preempt, Reallocate, Resize, Start
 from gpusched.libs.core.elastic import Elastic
 from gpusched.libs.core.lifecycle import JobState
 from gpusched.libs.core.snapshot import JobView, Snapshot
@@ -431,33 +431,20 @@ def _on_fastest_types(snapshot: Snapshot, decision: Decision, speeds: TypeSpeeds
 
 
 def _tuned(snapshot: Snapshot, decision: Decision) -> Decision:
-    """``decision`` with its starts given CPU and memory (rule 7)."""
+    """``decision`` with its starts given CPU and memory (rule 7), the jobs above their
+    share lowered where its resizes and starts need the room, and its resizes in an
+    order in which each fits when it is applied."""
     cluster = snapshot.cluster
-    # the driver's totals, changed by this decision: a GPU's holders of the proportional
-    # share are its residents without an allocation of their own
-    holders: Callable[[int], int] = snapshot.gpu_load.__getitem__
-    if snapshot.own_allocations is not False:
-        changed_gpus = {
-            g
-            for change in (*decision.starts, *decision.resizes)
-            for g in change.gpu_ids
-        } | {g for p in decision.preemptions for g in snapshot.job(p.job_id).gpu_ids}
-        counted = dict.fromkeys(changed_gpus, 0)
-        for job in snapshot.running:
-            if job.cpus is None and job.mem_gb is None:
-                for g in job.gpu_ids:
-                    if g in counted:
-                        counted[g] += 1
-        load = snapshot.gpu_load
+    holders = _share_holders(snapshot, decision)
 
-        def holders(gpu: int) -> int:
-            found = counted.get(gpu)
-            return load[gpu] if found is None else found
+    def before_changes() -> HostUse:
+        host = HostUse(cluster, snapshot.node_cpus_used, snapshot.node_mem_used, holders)
+        for preempt in decision.preemptions:
+            gone = snapshot.job(preempt.job_id)
+            host.add(gone.gpu_ids, gone.cpus, gone.mem_gb, -1)
+        return host
 
-    host = HostUse(cluster, snapshot.node_cpus_used, snapshot.node_mem_used, holders)
-    for preempt in decision.preemptions:
-        gone = snapshot.job(preempt.job_id)
-        host.add(gone.gpu_ids, gone.cpus, gone.mem_gb, -1)
+    host = before_changes()
     for resize in decision.resizes:
         was = snapshot.job(resize.job_id)
         host.add(was.gpu_ids, was.cpus, was.mem_gb, -1)
@@ -468,26 +455,25 @@ def _tuned(snapshot: Snapshot, decision: Decision) -> Decision:
             host.add(start.gpu_ids, *cluster.proportional_share(start.gpu_ids), 1)
         else:
             host.add(start.gpu_ids, start.cpus, start.mem_gb, 1)
-    gone_or_moved = {p.job_id for p in decision.preemptions} | {r.job_id for r in decision.resizes}
+    moved = {p.job_id for p in decision.preemptions} | {r.job_id for r in decision.resizes}
     lowered: dict[str, Reallocate] = {}
     # a resize takes its new GPUs' share as a start does (ONES sizes by GPUs alone)
-    touched = {
-        cluster.gpu_node[g] for change in (*decision.starts, *decision.resizes)
-        for g in change.gpu_ids
-    }
+    touched = {cluster.gpu_node[g] for s in decision.starts for g in s.gpu_ids}
+    touched.update(cluster.gpu_node[g] for r in decision.resizes for g in r.gpu_ids)
     for node in sorted(touched):
         if not _over(host, cluster, node):
             continue
-        holders = sorted(
+        above_share = sorted(
             (j for j in snapshot.running
-             if j.cpus is not None and j.job_id not in gone_or_moved
+             if j.cpus is not None and j.job_id not in moved
              and cluster.gpu_node[j.gpu_ids[0]] == node
              and len(cluster.gpus_by_node(j.gpu_ids)) == 1),
             key=lambda j: (-(j.cpus or 0.0) / j.gpus, j.job_id),
         )  # fmt: skip
-        for job in holders:
+        for job in above_share:
             fair_cpus, fair_mem = cluster.proportional_share(job.gpu_ids)
-            cpus, mem = min(job.cpus or fair_cpus, fair_cpus), min(job.mem_gb or fair_mem, fair_mem)
+            cpus = min(job.cpus or fair_cpus, fair_cpus)
+            mem = min(job.mem_gb or fair_mem, fair_mem)
             host.add(job.gpu_ids, job.cpus, job.mem_gb, -1)
             host.add(job.gpu_ids, cpus, mem, 1)
             lowered[job.job_id] = Reallocate(
@@ -518,11 +504,98 @@ def _tuned(snapshot: Snapshot, decision: Decision) -> Decision:
             starts.append(start)
         else:
             starts.append(replace(start, cpus=best.cpus, mem_gb=best.mem_gb))
+    resizes = decision.resizes
+    if len(resizes) > 1:
+
+        def lowered_before(changes: dict[str, Reallocate]) -> HostUse:
+            applied = before_changes()
+            for job_id, change in changes.items():
+                job = snapshot.job(job_id)
+                applied.add(job.gpu_ids, job.cpus, job.mem_gb, -1)
+                applied.add(job.gpu_ids, change.cpus, change.mem_gb, 1)
+            return applied
+
+        ordered, fits = _fitting_order(snapshot, lowered_before(lowered), resizes)
+        if not fits:
+            # one job's resize waits for another's GPUs while that one waits for the
+            # first's CPUs: the resized jobs drop to their share (which their resize
+            # gives them anyway) before any resize
+            for resize in resizes:
+                job = snapshot.job(resize.job_id)
+                if job.cpus is None and job.mem_gb is None:
+                    continue
+                fair_cpus, fair_mem = cluster.proportional_share(job.gpu_ids)
+                lowered[job.job_id] = Reallocate(
+                    job.job_id,
+                    min(job.cpus or fair_cpus, fair_cpus),
+                    min(job.mem_gb or fair_mem, fair_mem),
+                    "down to its GPU-proportional share before its resize",
+                )
+            ordered, _ = _fitting_order(snapshot, lowered_before(lowered), resizes)
+        resizes = ordered
     return replace(
         decision,
         starts=tuple(starts),
+        resizes=resizes,
         reallocations=decision.reallocations + tuple(lowered[k] for k in sorted(lowered)),
     )
+
+
+def _share_holders(snapshot: Snapshot, decision: Decision) -> Callable[[int], int]:
+    """How many jobs hold each GPU's proportional share (its residents without an
+    allocation of their own), counted for the GPUs ``decision`` changes."""
+    load = snapshot.gpu_load
+    if snapshot.own_allocations is False:
+        return load.__getitem__
+    changed = {g for s in decision.starts for g in s.gpu_ids}
+    changed.update(g for r in decision.resizes for g in r.gpu_ids)
+    changed.update(g for p in decision.preemptions for g in snapshot.job(p.job_id).gpu_ids)
+    counted = dict.fromkeys(changed, 0)
+    for job in snapshot.running:
+        if job.cpus is None and job.mem_gb is None:
+            for g in job.gpu_ids:
+                if g in counted:
+                    counted[g] += 1
+
+    def holders(gpu: int) -> int:
+        found = counted.get(gpu)
+        return load[gpu] if found is None else found
+
+    return holders
+
+
+def _fitting_order(
+    snapshot: Snapshot, host: HostUse, resizes: tuple[Resize, ...]
+) -> tuple[tuple[Resize, ...], bool]:
+    """``resizes`` in an order in which each fits the nodes' CPUs and memory when it is
+    applied (those that move a job off a node first, making room for those that grow
+    onto it), none before the jobs on its new GPUs have moved off them, and whether
+    every one fits so (those that fit in no order keep their place at the end)."""
+    cluster = snapshot.cluster
+    ordered: list[Resize] = []
+    left = list(resizes)
+    while left:
+        for resize in left:
+            was = snapshot.job(resize.job_id)
+            # its new GPUs must be free of the jobs still to move off them
+            if any(
+                other is not resize
+                and not set(snapshot.job(other.job_id).gpu_ids).isdisjoint(resize.gpu_ids)
+                for other in left
+            ):
+                continue
+            host.add(was.gpu_ids, was.cpus, was.mem_gb, -1)
+            host.add(resize.gpu_ids, None, None, 1)
+            nodes = {cluster.gpu_node[g] for g in (*was.gpu_ids, *resize.gpu_ids)}
+            if not any(_over(host, cluster, n) for n in nodes):
+                ordered.append(resize)
+                left.remove(resize)
+                break
+            host.add(resize.gpu_ids, None, None, -1)
+            host.add(was.gpu_ids, was.cpus, was.mem_gb, 1)
+        else:
+            return (*ordered, *left), False
+    return tuple(ordered), True
 
 
 def _over(host: HostUse, cluster: Cluster, node: int) -> bool:
