@@ -219,27 +219,32 @@ def test_a_start_keeps_its_gpus_on_a_cluster_of_one_type() -> None:
     assert Auto().decide(snap).starts == Auto(type_aware=False).decide(snap).starts
 
 
+def tuning() -> Auto:
+    """``auto`` with its CPU and memory rule (rule 7, off by default)."""
+    return Auto(tune_cpu_mem=True)
+
+
 HUNGRY = TablePerf(demand={"a": CpuMemDemand(10.0, 100.0, 1.5)})
 
 
 def test_a_start_gets_its_models_best_case_cpus_and_memory_where_the_node_has_room() -> None:
     # 24 CPUs and 500 GB for 4 GPUs: the share of one GPU is 6 CPUs and 125 GB
     node = cluster(1, 4, cpus=24, host_mem_gb=500)
-    (start,) = Auto().decide(snapshot(node, HUNGRY, [pending("a", 100)])).starts
+    (start,) = Auto(tune_cpu_mem=True).decide(snapshot(node, HUNGRY, [pending("a", 100)])).starts
     assert (start.cpus, start.mem_gb) == (10.0, 100.0)
     # b's model gains nothing past 3 CPUs and 62.5 GB: it takes those, less than its share
-    (small,) = Auto().decide(snapshot(node, HUNGRY, [pending("b", 100, model="b")])).starts
+    (small,) = tuning().decide(snapshot(node, HUNGRY, [pending("b", 100, model="b")])).starts
     assert (small.cpus, small.mem_gb) == (3.0, 62.5)
-    assert Auto(tune_cpu_mem=False).decide(snapshot(node, HUNGRY, [pending("a", 100)])).starts[
-        0
-    ].cpus is None
+    assert Auto().decide(snapshot(node, HUNGRY, [pending("a", 100)])).starts[0].cpus is None
 
 
 def test_a_running_job_above_its_share_drops_to_it_when_a_start_needs_the_room() -> None:
     node = cluster(1, 4, cpus=24, host_mem_gb=500)
     # r holds 20 CPUs on 3 GPUs (its share: 18); a new 1-GPU job needs its share of 6
     held = running("r", 5, (0, 1, 2), model="b", cpus=20.0, mem_gb=300.0)
-    decision = Auto(preempt=False).decide(snapshot(node, HUNGRY, [pending("a", 100)], [held]))
+    decision = Auto(preempt=False, tune_cpu_mem=True).decide(
+        snapshot(node, HUNGRY, [pending("a", 100)], [held])
+    )
     (lowered,) = decision.reallocations
     # at most its share in each dimension: its memory (300 GB, share 375) stays
     assert (lowered.job_id, lowered.cpus, lowered.mem_gb) == ("r", 18.0, 300.0)
@@ -267,7 +272,7 @@ def test_a_start_on_the_gpu_of_a_victim_with_its_own_allocation_is_counted_at_it
     node = cluster(1, 2, cpus=8, host_mem_gb=500)
     victim = running("r", 5000, (0,), model="b", cpus=4.0, mem_gb=100.0)
     snap = snapshot(node, HUNGRY, [pending("a", 10), pending("c", 20, model="b")], [victim])
-    decision = Auto().decide(snap)
+    decision = Auto(tune_cpu_mem=True).decide(snap)
     assert [p.job_id for p in decision.preemptions] == ["r"]
     assert {s.job_id for s in decision.starts} == {"a", "c"}
     assert decision_problems(snap, decision) == []
@@ -286,7 +291,7 @@ def test_auto_never_overcommits_a_nodes_cpus_or_memory_with_hungry_and_elastic_j
     )
     cl = cluster(2, 4, gpu_mem_mb=16_000, cpus=16, host_mem_gb=250)
     # the simulator checks every decision and raises PolicyViolation on an overcommit
-    result = simulate(cl, trace_of(rows), Auto(), hungry, config=SimConfig(restart_overhead_s=5))
+    result = simulate(cl, trace_of(rows), tuning(), hungry, config=SimConfig(restart_overhead_s=5))
     assert all(o.state in ("finished", "unschedulable") for o in result.jobs)
 
 
@@ -299,7 +304,7 @@ def test_an_elastic_job_grown_onto_a_node_makes_a_job_above_its_share_drop_to_it
     hungry = TablePerf(iter_s={"a": 1.0, "b": 1.0}, demand={"a": CpuMemDemand(9.0, 80.0, 1.5)})
     trace = [job("h", 0.0, 2000, model="a"), replace(job("e", 1.0, 1000, model="b"), min_gpus=1)]
     cl = cluster(1, 4, gpu_mem_mb=16_000, cpus=16, host_mem_gb=250)
-    result = simulate(cl, trace, Auto(), hungry, config=SimConfig(restart_overhead_s=5))
+    result = simulate(cl, trace, tuning(), hungry, config=SimConfig(restart_overhead_s=5))
     assert result.resizes == 1
     assert [(o.job_id, o.state) for o in result.jobs] == [("h", "finished"), ("e", "finished")]
 

@@ -31,7 +31,7 @@ def test_every_policy_declares_its_capabilities(name: str) -> None:
     assert can.predicts_progress == (name in ("ones", "auto"))
     assert can.resizes == (name in ("ones", "auto"))
     assert can.shares_gpus == (name in ("sjf-ffs", "sjf-bsbf"))
-    assert can.tunes_cpu_mem == (name.startswith("synergy-") or name == "auto")
+    assert can.tunes_cpu_mem == name.startswith("synergy-")
     assert (can.without_deadlines is not None) == (name in ("edf", "genie", "auto"))
     assert bool(can.extra_sorts) == (name in ("tiresias", "auto"))
 
