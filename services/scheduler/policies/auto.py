@@ -63,22 +63,26 @@ combines them; each rule below names where it comes from).
 
 7. **CPU and memory: Synergy's best case where it fits** (``synergy.py``, TUNE's first
    step and its victims' rule, ours to apply after placement), **off by default**
-   (``tune_cpu_mem``): on a live cluster the CPUs it gave left a job that would share a
-   GPU no room for its own share, so the sharing a cap allows stopped. Where the driver tracks
-   nodes' CPUs and memory, every start is first counted at its GPU-proportional share;
-   where that overcommits a node (running jobs hold more than their share), running
-   jobs there with an allocation of their own drop to their share, most CPUs per GPU
-   first, until it fits (so too where ONES resizes a job onto a node). Then each start
-   on one node, in the decision's order, gets its
-   model's best-case vector (capped to the node) where the node has room for it; else
-   it keeps its share (so do elastic jobs, whose resizes give them the share). A model
-   that gains nothing from more than its share so takes
-   less (its best case), which leaves room for one that gains: on Synergy's workload
-   this took ``auto`` from 22.05 h to 18.82 h mean JCT; giving the best case only to
-   the models that gain changed nothing (22.07 h). Joins, ONES's starts and jobs spread over nodes
-   keep the share. Unlike Synergy, placement does not follow the CPUs: GENIE places by
-   GPUs, and a running job is not raised back to its best case later. Sharing is not combined
-with preemption in one decision: a decision that preempts shares nothing.
+   (``tune_cpu_mem``): on a live cluster the CPUs it gave left a job that would share
+   a GPU no room for its own share, so the sharing a cap allows stopped. Where the
+   driver tracks nodes' CPUs and memory, every start is first counted at its
+   GPU-proportional share; where that overcommits a node (running jobs hold more than
+   their share), running jobs there with an allocation of their own drop to their
+   share, most CPUs per GPU first, until it fits (so too where ONES resizes a job onto
+   a node; ONES's resizes are put in an order in which each fits when applied); where
+   that is not enough, the last starts there wait. Then each start on one node, in the
+   decision's order, gets its model's best-case vector (capped to the node) where the
+   node has room for it; else it keeps its share. Joins, ONES's starts, elastic jobs
+   (their resizes give them the share) and jobs spread over nodes keep the share. A
+   model that gains nothing from more than its share so takes less (its best case),
+   which leaves room for one that gains: on Synergy's workload this took ``auto`` from
+   22.05 h to 18.82 h mean JCT; giving the best case only to the models that gain
+   changed nothing (22.07 h). Unlike Synergy, placement does not follow the CPUs
+   (GENIE places by GPUs), and a running job is not raised back to its best case
+   later. The rule is kept only where the driver's own check accepts what it changed.
+
+Sharing is not combined with preemption in one decision: a decision that preempts
+shares nothing.
 """
 
 from __future__ import annotations
