@@ -15,7 +15,8 @@ from gpusched.libs.core.elastic import Elastic
 from gpusched.libs.core.perf import CpuMemDemand
 from gpusched.libs.core.snapshot import JobView
 from gpusched.services.scheduler.policies import make_policy
-from gpusched.services.scheduler.policies.auto import Auto, _tuned
+from gpusched.services.scheduler.policies.auto import Auto
+from gpusched.services.scheduler.policies.auto_resources import with_cpu_mem
 from gpusched.services.scheduler.policies.genie import Genie
 from gpusched.services.scheduler.policies.ones import Ones
 from gpusched.services.scheduler.simulation.simulator import SimConfig, Simulator, simulate
@@ -321,7 +322,7 @@ def test_two_resizes_that_wait_on_each_other_fit_once_the_resized_jobs_drop_to_t
     snap = replace(snapshot(node, HUNGRY, [], [j0, j1]), own_allocations=True)
     grown = Decision(resizes=(Resize("j1", (2, 3), 64), Resize("j0", (0, 1), 64)))
     assert decision_problems(snap, grown)  # as the search gave them
-    tuned = _tuned(snap, grown)
+    tuned = with_cpu_mem(snap, grown)
     assert decision_problems(snap, tuned) == []
     assert [r.job_id for r in tuned.resizes] == ["j1", "j0"]
     assert [(r.job_id, r.cpus) for r in tuned.reallocations] == [("j0", 4.0)]

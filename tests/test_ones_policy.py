@@ -19,6 +19,7 @@ from gpusched.services.scheduler.policies.base import Capabilities
 from gpusched.services.scheduler.policies.ones import POPULATION, Ones
 from gpusched.services.scheduler.policies.ones_jobs import samples_at
 from gpusched.services.scheduler.policies.ones_problem import NONE, SearchProblem
+from gpusched.services.scheduler.policies.ones_repair import compacted
 from gpusched.services.scheduler.simulation.simulator import SimConfig, simulate
 from tests.builders import ConvergingPerf, TablePerf, cluster, job, pending, running, snapshot
 
@@ -429,7 +430,7 @@ def test_a_job_that_grows_where_no_free_block_holds_it_moves_a_job_that_keeps_it
 def _compacted_block_by_block(
     policy: Ones, p: SearchProblem, size: np.ndarray
 ) -> np.ndarray | None:
-    """``Ones._compacted`` as its rule reads: every job's block from
+    """``ones_repair.compacted`` as its rule reads: every job's block from
     ``ContiguousGpus.best_block``."""
     placed = np.flatnonzero((size > 0) & ~p.frozen)
     placed = placed[np.lexsort((p.id_rank[placed], -size[placed]))].tolist()
@@ -482,7 +483,7 @@ def test_laying_every_job_out_again_takes_the_blocks_a_block_by_block_search_tak
         return  # frozen jobs alone hold more than the draw left: not a layout to check
     sentinel = problem.occupancy.copy()
     expected = _compacted_block_by_block(policy, problem, size)
-    laid = policy._compacted(problem, size, sentinel)
+    laid = compacted(policy, problem, size, sentinel)
     if expected is None:
         assert laid is sentinel
     else:

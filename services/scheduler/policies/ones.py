@@ -141,10 +141,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from gpusched.libs.core.decision import Decision, Resize, Start
+from gpusched.libs.core.decision import Decision
 from gpusched.libs.core.placement import (
-    TAKEN,
-    ContiguousGpus,
     exclusive_accum,
     unschedulable_reason,
 )
@@ -158,10 +156,11 @@ from gpusched.services.scheduler.policies.ones_jobs import (
     largest_useful_batch,
     samples_at,
     within_batch_bounds,
-    worth_growing,
 )
-from gpusched.services.scheduler.policies.ones_moves import decision_of, resize_to
+from gpusched.services.scheduler.policies.ones_moves import decision_of
+from gpusched.services.scheduler.policies.ones_pad import pad
 from gpusched.services.scheduler.policies.ones_problem import NONE, SearchProblem
+from gpusched.services.scheduler.policies.ones_repair import layout, repair
 from gpusched.services.scheduler.policies.simple import FIFO_ORDER, fifo_key
 
 POPULATION = 16
@@ -174,8 +173,6 @@ GROWTH_LIMIT = 4
 #: pause it then takes, in ``min_run_s``
 QUIET_GENERATIONS = 3
 MAX_BACKOFF = 64
-#: how often repair is repeated to reach a schedule it leaves as it is
-REPAIR_ROUNDS = 4
 #: ``Ones.search_s_per_gpu`` unless given (docs/results.md, "ONES's search interval")
 SEARCH_S_PER_GPU = 1.0
 
@@ -476,139 +473,11 @@ class Ones:
 
     # ---- repair -----------------------------------------------------------------------
     def _repair(self, problem: SearchProblem, genes: np.ndarray) -> np.ndarray:
-        for _ in range(REPAIR_ROUNDS):
-            fixed = self._repair_once(problem, genes)
-            if np.array_equal(fixed, genes):
-                break
-            genes = fixed
-        return genes
-
-    def _repair_once(self, p: SearchProblem, genes: np.ndarray) -> np.ndarray:
-        jobs = p.jobs
-        held = np.bincount(genes[genes >= 0], minlength=len(jobs))
-        # the largest size on the ladder a job's genes hold (its smallest if none fits)
-        fits = (p.ladder <= held[:, None]).sum(axis=1)
-        sized = np.where(fits > 0, p.ladder[p.rows, np.maximum(fits - 1, 0)], p.ladder[:, 0])
-        sized = np.where(held > 0, sized, 0)
-        sized[p.frozen] = p.current[p.frozen]
-        free = p.total - int(sized.sum())
-        # too many GPUs asked: the jobs with the longest to go give way first
-        if free < 0:
-            size: list[int] = sized.tolist()
-            for i in reversed(p.order):
-                while free < 0 and size[i] > 0:
-                    smaller = [n for n in jobs[i].sizes if n < size[i]]
-                    nxt = smaller[-1] if smaller else 0
-                    free += size[i] - nxt
-                    size[i] = nxt
-                if free >= 0:
-                    break
-            sized = np.array(size, dtype=np.int64)
-        # padding, shortest predicted remaining time first: every job up to the GPUs it
-        # asked for (new jobs from their start size), then up to its cap
-        for limits in (p.asked_limit, p.cap_limit):
-            if free == 0:
-                break
-            now = sized[p.changeable]
-            if limits is p.cap_limit:
-                limits = np.where(now > 0, limits, 0)  # growth is for jobs padded in
-            gaps = np.maximum(limits - now, 0)
-            if int(gaps.sum()) <= free:
-                # room for every job to reach its limit: the walk below would give it
-                fitting = (p.ladder[p.changeable] <= np.maximum(limits, now)[:, None]).sum(axis=1)
-                reached = np.where(
-                    fitting > 0, p.ladder[p.changeable, np.maximum(fitting - 1, 0)], 0
-                )
-                reached = np.maximum(reached, now)
-                free -= int((reached - now).sum())
-                sized[p.changeable] = reached
-                continue
-            for k, i in enumerate(p.order):
-                if free == 0:
-                    break
-                have = int(sized[i])
-                room = min(max(int(limits[k]), have), have + free)
-                if room <= have:
-                    continue
-                fitting = [n for n in jobs[i].sizes if have < n <= room]
-                if fitting:
-                    free -= fitting[-1] - have
-                    sized[i] = fitting[-1]
-        return self._layout(p, sized)
+        return repair(self, problem, genes)
 
     def _layout(self, p: SearchProblem, size: np.ndarray) -> np.ndarray:
-        """Contiguous GPUs for every job of ``size``, moving as few as possible: frozen
-        jobs and jobs that keep their size stay where they run; the rest, largest first,
-        take the free block that overlaps their current GPUs most, then spans the fewest
-        nodes, then fits the tightest free run. A job no block holds shrinks, or waits.
-        It depends on the decision and ``size`` alone, so each size is laid out once a
-        decision (candidates of a generation often repair to the same sizes)."""
-        key = size.tobytes()
-        laid = p.laid.get(key)
-        if laid is None:
-            laid = p.laid[key] = self._lay_out(p, size)
-        return laid.copy()
+        return layout(self, p, size)
 
-    def _lay_out(self, p: SearchProblem, size: np.ndarray) -> np.ndarray:
-        stays = p.frozen | (p.keepable & (size == p.current))
-        occ = np.where(np.append(stays, False)[p.occupancy], p.occupancy, NONE)
-        movers = np.flatnonzero((size > 0) & ~stays)
-        if len(movers) == 0:
-            return occ
-        movers = movers[np.lexsort((p.id_rank[movers], -size[movers]))]
-        line = ContiguousGpus(p.cluster, occ, p.node_of)  # lays jobs out in ``occ``
-        short = False
-        for i in movers.tolist():
-            job = p.jobs[i]
-            if size[i] == 1 and not job.view.gpu_ids:
-                line.take_tightest(i)  # where best_block(1) would put it
-                continue
-            own = p.own(i) if job.view.gpu_ids else None
-            for n in reversed([n for n in job.sizes if n <= size[i]]):
-                block = line.best_block(n, own)
-                if block is not None:
-                    line.take_block(block, n, i)
-                    break
-            else:
-                n = 0
-            if n < size[i]:
-                short = True
-        if short:
-            return self._compacted(p, size, occ)
-        return occ
-
-    def _compacted(self, p: SearchProblem, size: np.ndarray, occ: np.ndarray) -> np.ndarray:
-        """Every job of ``size`` laid out again, largest first, each on the free block
-        that overlaps its current GPUs most (frozen jobs stay): for a job that grows
-        where no free block holds it though the GPUs are there, the jobs that keep
-        their size may move (a restart each, which the fitness charges). ``occ`` if
-        some job still finds no block."""
-        placed = np.flatnonzero((size > 0) & ~p.frozen)
-        placed = placed[np.lexsort((p.id_rank[placed], -size[placed]))].tolist()
-        for keep_own in (True, False):
-            again = np.where(np.append(p.frozen, False)[p.occupancy], p.occupancy, NONE)
-            line = ContiguousGpus(p.cluster, again, p.node_of)  # lays jobs out in ``again``
-            for i in placed:
-                n = int(size[i])
-                own = p.own(i) if keep_own and p.jobs[i].view.gpu_ids else None
-                home = p.home[i]
-                if own is not None and n == p.current[i] and home >= 0 and line.is_free(home, n):
-                    # its own contiguous block, free: the only block of the most overlap
-                    block: int | None = home
-                elif n == 1 and own is None:
-                    if line.take_tightest(i) is None:
-                        break
-                    continue
-                else:
-                    block = line.best_block(n, own)
-                if block is None:
-                    break
-                line.take_block(block, n, i)
-            else:
-                return again
-        return occ
-
-    # ---- the search -------------------------------------------------------------------
     def _fitness(self, p: SearchProblem, genes: np.ndarray) -> float:
         """Minus the rate at which the placed jobs finish: the sum over them of one over
         the predicted remaining seconds at the size a candidate gives them, plus
@@ -742,147 +611,7 @@ class Ones:
         return wake_at
 
     def _pad(self, snapshot: Snapshot) -> Decision:
-        """A decision between generations: the kept best individual, as carried out,
-        padded as repair pads a candidate. The queued jobs the search sees go onto idle
-        GPUs at their start size (shortest predicted remaining time on one GPU first;
-        ONES's new jobs enter only by padding), then idle GPUs left go to the running
-        jobs past their gate in the same order, each up to the GPUs it asked for, then
-        up to its cap, where the growth saves more than its restart. Nothing moves that
-        the search placed, and nothing is preempted: those wait for the next generation.
-        The kept best individual takes the new places, so the next generation breeds
-        from the schedule as it stands."""
-        self._check_basis(snapshot)
-        now = snapshot.now
-        reasons: dict[str, str] = {}
-        pending, behind = self._window(snapshot, reasons)
-        default = self._default_reason(snapshot, behind)
-        assert self._last_search is not None  # between searches
-        wake = self._next_wake
-        if wake is None or wake <= now:
-            wake = self._last_search + self._interval
-        left = snapshot.free_gpus
-        if left == 0:
-            return Decision(reasons=reasons, default_reason=default, wake_at=wake)
-        cluster = snapshot.cluster
-        owner = np.where(np.asarray(snapshot.gpu_load, dtype=np.int64) > 0, TAKEN, NONE)
-        node_of = np.asarray(cluster.gpu_node, dtype=np.int64)
-        new = [j for v in pending if (j := self._search_job(snapshot, v, reasons)) is not None]
-        new.sort(key=lambda j: (j.one_gpu_s, j.view.job_id))
-        starts: list[Start] = []
-        line = ContiguousGpus(cluster, owner, node_of)  # takes GPUs in ``owner``
-        for job in new:
-            view = job.view
-            limit = max(min(job.asked_gpus, job.sizes[-1]), job.sizes[0])
-            gpus: tuple[int, ...] = ()
-            for n in reversed([n for n in job.sizes if n <= min(limit, left)]):
-                if n == 1:
-                    start = line.take_tightest(TAKEN)
-                    gpus = () if start is None else (start,)
-                else:
-                    block = line.best_block(n)
-                    if block is not None:
-                        line.take_block(block, n, TAKEN)
-                        gpus = tuple(range(block, block + n))
-                if gpus:
-                    break
-            if not gpus:
-                reasons[view.job_id] = (
-                    f"needs {job.sizes[0]} GPU{'s' if job.sizes[0] > 1 else ''}; none is "
-                    "idle until the next generation of the search"
-                )
-                continue
-            left -= len(gpus)
-            _, accum, batch = job.cost[len(gpus)]
-            elastic = len(gpus) != view.gpus or batch != view.batch_size
-            starts.append(Start(view.job_id, gpus, accum, batch_size=batch if elastic else None))
-        resizes = self._grown(snapshot, owner, left) if left > 0 else []
-        placed = [(s.job_id, s.gpu_ids) for s in starts] + [(r.job_id, r.gpu_ids) for r in resizes]
-        for job_id, gpu_ids in placed:
-            self._keep_in_best(snapshot, job_id, gpu_ids)
-        return Decision(
-            starts=tuple(starts),
-            resizes=tuple(resizes),
-            reasons=reasons,
-            default_reason=default,
-            wake_at=wake,
-        )
-
-    def _grown(self, snapshot: Snapshot, owner: np.ndarray, left: int) -> list[Resize]:
-        """Resizes that give ``left`` idle GPUs (FREE in ``owner``, which this marks as
-        it gives them) to the running jobs past their gate: in order of predicted
-        remaining time on one GPU, each up to the GPUs it asked for, then each up to its
-        cap (``worth_growing``), on a contiguous block that overlaps its GPUs most. A
-        job's own GPUs stay its own: no other job of this decision lands on them."""
-        now = snapshot.now
-        if len(self._padding_jobs) > 4 * len(snapshot.running) + 64:
-            self._padding_jobs.clear()
-        jobs: list[SearchJob] = []
-        unused: dict[str, str] = {}
-        for view in snapshot.running:
-            if now - view.started_at < self.settling_s(view):
-                continue  # frozen: it may not change yet
-            key = (view.job_id, view.gpus, view.batch_size, view.started_at, "running")
-            job = self._padding_jobs.get(key)
-            if job is None:
-                found = self._search_job(snapshot, view, unused)
-                if found is None:
-                    continue
-                job = self._padding_jobs[key] = found
-            if job.sizes[-1] > view.gpus:
-                jobs.append(job)
-        if not jobs:
-            return []
-        jobs.sort(key=lambda j: (j.one_gpu_s, j.view.job_id))
-        cluster = snapshot.cluster
-        node_of = np.asarray(cluster.gpu_node, dtype=np.int64)
-        held = {j.view.job_id: tuple(j.view.gpu_ids) for j in jobs}
-        for first_pass in (True, False):
-            for job in jobs:
-                if left == 0:
-                    break
-                worth = worth_growing(job, self.restart_s)
-                limit = max(min(job.asked_gpus, worth), job.sizes[0]) if first_pass else worth
-                view = job.view
-                now_held = held[view.job_id]
-                have = len(now_held)
-                room = min(max(limit, have), have + left)
-                fitting = [n for n in job.sizes if have < n <= room]
-                if not fitting:
-                    continue
-                mine = sorted({*view.gpu_ids, *now_held})
-                owner[mine] = NONE
-                own = np.zeros(len(owner) + 1, dtype=np.int64)
-                own[np.asarray(view.gpu_ids, dtype=np.int64) + 1] = 1
-                own = np.cumsum(own)
-                line = ContiguousGpus(cluster, owner, node_of)
-                for n in reversed(fitting):
-                    block = line.best_block(n, own)
-                    if block is not None:
-                        held[view.job_id] = tuple(range(block, block + n))
-                        left -= n - have
-                        break
-                owner[list(held[view.job_id])] = TAKEN
-                owner[list(view.gpu_ids)] = TAKEN  # its own GPUs stay its own
-        return [
-            resize_to(job, held[job.view.job_id], "idle between generations")
-            for job in jobs
-            if held[job.view.job_id] != tuple(job.view.gpu_ids)
-        ]
-
-    def _keep_in_best(self, snapshot: Snapshot, job_id: str, gpus: tuple[int, ...]) -> None:
-        """Write ``job_id`` on ``gpus`` (and off any other GPU) in the kept best
-        individual."""
-        if not self._population or len(self._population[0]) != snapshot.cluster.total_gpus:
-            return  # the next generation starts from the schedule as it stands anyway
-        ids = self._population_ids
-        best = self._population[0]
-        try:
-            index = ids.index(job_id)
-        except ValueError:
-            index = len(ids)
-            ids.append(job_id)
-        best[best == index] = NONE
-        best[list(gpus)] = index
+        return pad(self, snapshot)
 
     @staticmethod
     def _settled(snapshot: Snapshot, jobs: list[SearchJob]) -> bool:

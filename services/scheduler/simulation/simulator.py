@@ -37,21 +37,15 @@ from gpusched.libs.core.size_predictor import SubmissionSizes
 from gpusched.libs.core.snapshot import JobView, Snapshot
 from gpusched.services.scheduler.policies.base import (
     Policy,
-    ReportsRho,
-    ResidentCapped,
 )
 from gpusched.services.scheduler.simulation.queue_order import SortedQueue
 from gpusched.services.scheduler.simulation.results import (
-    FINISHED,
-    UNFINISHED,
-    UNSCHEDULABLE,
-    JobOutcome,
     SimResult,
     TimelinePoint,
-    thin,
 )
 from gpusched.services.scheduler.simulation.sim_config import SimConfig as SimConfig
 from gpusched.services.scheduler.simulation.sim_job import SimJob
+from gpusched.services.scheduler.simulation.sim_result import result_of
 from gpusched.services.scheduler.simulation.type_use import TypeUse
 
 ARRIVAL, FINISH, WAKE, ROUND = 0, 1, 2, 3
@@ -650,61 +644,7 @@ class Simulator:
 
     # ---- results --------------------------------------------------------------------
     def _result(self, origin: float, wall_s: float) -> SimResult:
-        outcomes: list[JobOutcome] = []
-        last_finish = origin
-        for spec in self.specs:
-            job = self.jobs[spec.job_id]
-            exclusive = job.exclusive_s
-            if job.state is JobState.SUCCEEDED:
-                assert job.finish_time is not None
-                last_finish = max(last_finish, job.finish_time)
-                state, reason = FINISHED, ""
-            elif job.state is JobState.FAILED:  # the one way a simulated job fails
-                state, reason = UNSCHEDULABLE, self.unschedulable[spec.job_id]
-            else:
-                state = UNFINISHED
-                reason = self.last_decision.why(spec.job_id) if self.last_decision else ""
-            outcomes.append(
-                JobOutcome(
-                    job_id=spec.job_id,
-                    model=spec.model,
-                    gpus=spec.gpus,
-                    submit_time=spec.submit_time,
-                    start_time=job.first_start,
-                    finish_time=job.finish_time,
-                    exclusive_s=exclusive,
-                    queue_s=job.queue_total,
-                    preemptions=job.preemptions,
-                    shared=job.shared,
-                    state=state,
-                    reason=reason,
-                    deadline=spec.deadline,
-                )
-            )
-        makespan = last_finish - origin
-        total = self.cluster.total_gpus
-        util = self.busy_gpu_s / (total * makespan) if makespan > 0 else 0.0
-        policy = self.policy
-        return SimResult(
-            policy=self.policy.name,
-            total_gpus=total,
-            jobs=tuple(outcomes),
-            makespan_s=makespan,
-            gpu_util=util,
-            preemptions=self.preemptions,
-            resizes=self.resizes,
-            shared_pairs=self.shared_pairs,
-            wall_s=wall_s,
-            decisions=self.decisions,
-            timeline=thin(self.timeline, self.config.timeline_points),
-            max_resident_slowdown=(
-                policy.max_resident_slowdown if isinstance(policy, ResidentCapped) else None
-            ),
-            prediction=self.sizes.report() if self.sizes is not None else None,
-            rho=policy.rho if isinstance(policy, ReportsRho) else None,
-            gpu_hours_by_type=self.types.gpu_hours() if self.types is not None else None,
-        )
-
+        return result_of(self, origin, wall_s)
 
 def simulate(
     cluster: Cluster,
